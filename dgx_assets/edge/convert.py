@@ -1,0 +1,210 @@
+"""Turn the trained Keras classifier into a TFLite model an edge device can feed raw pixels.
+
+The edge contract (what an inspection station does, and all it does):
+
+* decode the image itself, into the model's channel count (1 = grey, 3 = RGB), at the fixed raw size
+  recorded with the model (`raw_height` x `raw_width`; by default the size the cameras deliver, i.e. the
+  most common size of the ingested images; other sizes are resized on the device first);
+* feed one image as a **uint8 tensor `[1, raw_height, raw_width, channels]`** to the signature
+  `serving_default`, input `image`;
+* read **float32 class probabilities `[1, n_classes]`** from output `probabilities`, classes in
+  `class_names` order.
+
+Resizing to the network's input size and normalising happen inside the TFLite model, so a device never
+re-implements (and never gets wrong) the training preprocessing. The same contract holds for every
+quantisation variant: `int8` (full-integer, calibrated on a representative dataset; the default),
+`float16` and `dynamic` (dynamic-range: int8 weights, float activations).
+
+TensorFlow is imported inside functions: the Dagster code location imports this module's callers cheaply.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+QUANTIZATIONS = ("int8", "float16", "dynamic")
+RESIZE_METHODS = ("bilinear", "nearest")  # both have int8 TFLite kernels
+SIGNATURE_KEY = "serving_default"
+INPUT_NAME = "image"
+OUTPUT_NAME = "probabilities"
+
+
+@dataclass(frozen=True)
+class EdgeConversionConfig:
+    raw_height: int
+    raw_width: int
+    quantization: str = "int8"
+    resize_method: str = "bilinear"
+    # Raw pixels are multiplied by this before the network. 1.0 is right because trained_model rescales
+    # its 0..255 input itself; 1/255 here is the classic "normalised twice" edge bug the parity gate catches.
+    input_scale: float = 1.0
+    representative_samples: int = 200
+
+    def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+        if self.resize_method not in RESIZE_METHODS:
+            raise ValueError(f"resize_method={self.resize_method!r} is not one of {', '.join(RESIZE_METHODS)}")
+        if self.raw_height <= 0 or self.raw_width <= 0:
+            raise ValueError(f"raw size must be positive, got {self.raw_height}x{self.raw_width}")
+        if self.input_scale <= 0:
+            raise ValueError(f"input_scale must be positive, got {self.input_scale}")
+        if self.quantization == "int8" and self.representative_samples <= 0:
+            raise ValueError("int8 quantisation needs representative_samples > 0")
+
+
+@dataclass(frozen=True)
+class EdgeModelSpec:
+    """What a device needs to know to call the model; written next to the .tflite as JSON."""
+
+    signature: str
+    input_name: str
+    input_dtype: str
+    input_shape: list[int]
+    output_name: str
+    output_dtype: str
+    output_shape: list[int]
+    class_names: list[str]
+    quantization: str
+    resize_method: str
+    model_input_shape: list[int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_input_shape(model) -> tuple[int, int, int]:
+    """(height, width, channels) of a Keras image model, with a clear error for anything else."""
+    shape = tuple(model.input_shape)
+    if len(shape) != 4 or any(dim is None for dim in shape[1:]):
+        raise ValueError(f"trained model input must be [batch, height, width, channels], got {list(shape)}")
+    return int(shape[1]), int(shape[2]), int(shape[3])
+
+
+def decode_to_raw(content: bytes, raw_height: int, raw_width: int, channels: int) -> np.ndarray:
+    """What the device does: decode an image file to uint8 [raw_height, raw_width, channels]."""
+    from PIL import Image
+
+    if channels not in (1, 3):
+        raise ValueError(f"edge models take 1 (grey) or 3 (RGB) channels, not {channels}")
+    with Image.open(io.BytesIO(content)) as image:
+        image.load()
+        if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+            # 16-bit sensors: keep the top 8 bits rather than clipping everything above 255.
+            wide = np.asarray(image, dtype=np.uint32)
+            image = Image.fromarray((wide >> 8 if wide.max() > 255 else wide).astype(np.uint8), mode="L")
+        image = image.convert("L" if channels == 1 else "RGB")
+        if image.size != (raw_width, raw_height):
+            image = image.resize((raw_width, raw_height), Image.Resampling.BILINEAR)
+        pixels = np.asarray(image, dtype=np.uint8)
+    return pixels.reshape(raw_height, raw_width, channels)
+
+
+def _edge_function(model, config: EdgeConversionConfig, input_dtype):
+    """The tf.function the device calls: raw pixels in, probabilities out."""
+    import tensorflow as tf
+
+    height, width, channels = model_input_shape(model)
+    spec = tf.TensorSpec([1, config.raw_height, config.raw_width, channels], input_dtype, name=INPUT_NAME)
+
+    @tf.function(input_signature=[spec])
+    def edge(image):
+        pixels = tf.cast(image, tf.float32)
+        if input_dtype == tf.float32:
+            # int8 conversion replaces this float input with uint8; pinning its range to 0..255 makes
+            # the uint8 input's quantisation the identity (scale 1, zero point 0): pixels go in as they are.
+            pixels = tf.quantization.fake_quant_with_min_max_args(pixels, min=0.0, max=255.0, num_bits=8)
+        if (config.raw_height, config.raw_width) != (height, width):
+            pixels = tf.image.resize(pixels, (height, width), method=config.resize_method)
+        if config.input_scale != 1.0:
+            pixels = pixels * config.input_scale
+        return {OUTPUT_NAME: model(pixels, training=False)}
+
+    return edge
+
+
+def representative_dataset(raw_images: Iterable[np.ndarray], limit: int) -> Iterator[list[np.ndarray]]:
+    """Calibration samples in the edge input domain (raw pixels at raw size), as the converter wants them."""
+    for count, image in enumerate(raw_images):
+        if count >= limit:
+            return
+        yield [np.asarray(image, dtype=np.float32)[np.newaxis]]
+
+
+def convert_to_tflite(
+    model,
+    config: EdgeConversionConfig,
+    representative_images: Sequence[np.ndarray] | None = None,
+) -> bytes:
+    """Wrap `model` with the edge preprocessing and convert it; returns the .tflite flatbuffer."""
+    import keras
+    import tensorflow as tf
+
+    if config.quantization == "int8" and not representative_images:
+        raise ValueError("int8 quantisation needs representative images from the training split; none were given")
+    _, _, channels = model_input_shape(model)
+    expected = (config.raw_height, config.raw_width, channels)
+    for image in (representative_images or [])[: config.representative_samples]:
+        if tuple(np.shape(image)) != expected:
+            raise ValueError(f"representative image shaped {np.shape(image)}, the edge input is {expected}")
+
+    # The int8 path starts from a float input the converter turns into uint8; the others take uint8 as is.
+    input_dtype = tf.float32 if config.quantization == "int8" else tf.uint8
+    edge = _edge_function(model, config, input_dtype)
+    with tempfile.TemporaryDirectory(prefix="edge-savedmodel-") as export_dir:
+        # Keras 3 variables only freeze into TFLite through a SavedModel that tracks the model.
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        archive.add_endpoint(name=SIGNATURE_KEY, fn=edge)
+        archive.write_out(export_dir, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(export_dir, signature_keys=[SIGNATURE_KEY])
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if config.quantization == "int8":
+            samples = list(representative_images[: config.representative_samples])
+            converter.representative_dataset = lambda: representative_dataset(samples, len(samples))
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            converter.inference_input_type = tf.uint8
+            converter.inference_output_type = tf.float32
+        elif config.quantization == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+        return converter.convert()
+
+
+def describe_tflite(tflite_model: bytes, class_names: Sequence[str], config: EdgeConversionConfig,
+                    model_input: Sequence[int]) -> EdgeModelSpec:
+    """Read the converted model's real interface and check it honours the edge contract."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=tflite_model)
+    signatures = interpreter.get_signature_list()
+    if signatures.get(SIGNATURE_KEY) != {"inputs": [INPUT_NAME], "outputs": [OUTPUT_NAME]}:
+        raise ValueError(f"converted model signatures {signatures} do not match the edge contract")
+    runner = interpreter.get_signature_runner(SIGNATURE_KEY)
+    input_detail = runner.get_input_details()[INPUT_NAME]
+    output_detail = runner.get_output_details()[OUTPUT_NAME]
+    if input_detail["dtype"] != np.uint8:
+        raise ValueError(f"edge input must be uint8 pixels, the converted model takes {input_detail['dtype']}")
+    scale, zero_point = input_detail["quantization"]
+    if config.quantization == "int8" and (scale, zero_point) != (1.0, 0):
+        raise ValueError(f"int8 input quantisation is scale={scale}, zero_point={zero_point}; "
+                         "raw pixels would need rescaling on the device")
+    if len(class_names) != int(output_detail["shape"][-1]):
+        raise ValueError(f"{len(class_names)} class names for a model with {output_detail['shape'][-1]} outputs")
+    return EdgeModelSpec(
+        signature=SIGNATURE_KEY,
+        input_name=INPUT_NAME,
+        input_dtype=np.dtype(input_detail["dtype"]).name,
+        input_shape=[int(d) for d in input_detail["shape"]],
+        output_name=OUTPUT_NAME,
+        output_dtype=np.dtype(output_detail["dtype"]).name,
+        output_shape=[int(d) for d in output_detail["shape"]],
+        class_names=list(class_names),
+        quantization=config.quantization,
+        resize_method=config.resize_method,
+        model_input_shape=[int(d) for d in model_input],
+    )

@@ -1,0 +1,121 @@
+"""The edge model converted from a real (small) trained classifier, run in ai_edge_litert on real PNGs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
+
+from dgx_assets.edge.convert import EdgeConversionConfig, convert_to_tflite, describe_tflite
+from dgx_assets.edge.parity import evaluate_gate, measure_parity, parity_figure
+from dgx_assets.edge.promotion import Gate, current_alias_version, promote_if_gates_pass
+
+
+def convert(trained_classifier, train_raw_images, **options) -> bytes:
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, representative_samples=100, **options)
+    return convert_to_tflite(trained_classifier.model, config, train_raw_images)
+
+
+def parity(trained_classifier, test_inputs, tflite_model, quantization="int8"):
+    return measure_parity(
+        tflite_model,
+        trained_classifier.model,
+        raw_images=test_inputs.raw_images,
+        keras_inputs=test_inputs.keras_inputs,
+        labels=test_inputs.labels,
+        keras_size_bytes=trained_classifier.path.stat().st_size,
+        quantization=quantization,
+        latency_images=50,
+    )
+
+
+@pytest.fixture(scope="session")
+def int8_model(trained_classifier, train_raw_images) -> bytes:
+    return convert(trained_classifier, train_raw_images)
+
+
+def test_int8_edge_model_takes_raw_uint8_pixels_and_is_integer_inside(int8_model):
+    from ai_edge_litert.interpreter import Interpreter
+
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE)
+    spec = describe_tflite(int8_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1))
+    assert (spec.input_dtype, spec.input_shape) == ("uint8", [1, RAW_SIZE, RAW_SIZE, 1])
+    assert (spec.output_dtype, spec.output_shape) == ("float32", [1, len(CLASS_NAMES)])
+
+    interpreter = Interpreter(model_content=int8_model)
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    ops = {op["op_name"]: op for op in interpreter._get_ops_details()}
+    # Resize and every layer run on int8 tensors: a full-integer model, not float ops with int8 weights.
+    for name in ("RESIZE_BILINEAR", "CONV_2D", "FULLY_CONNECTED"):
+        assert name in ops, sorted(ops)
+        assert tensors[ops[name]["inputs"][0]]["dtype"] == np.int8, name
+
+
+def test_int8_edge_model_agrees_with_keras_on_test_images(trained_classifier, test_inputs, int8_model):
+    report, keras, edge = parity(trained_classifier, test_inputs, int8_model)
+
+    assert report.images == len(test_inputs.labels) == 100
+    assert report.keras_accuracy >= 0.95, "the fixture classifier did not learn; parity would mean little"
+    assert report.top1_agreement >= 0.99, report
+    assert abs(report.tflite_accuracy - report.keras_accuracy) <= 0.01
+    assert 0 < report.max_probability_difference < 0.5
+    assert report.tflite_size_bytes == len(int8_model) < report.keras_size_bytes
+    assert report.size_ratio == pytest.approx(len(int8_model) / trained_classifier.path.stat().st_size)
+    assert report.latency_images == 50 and report.tflite_latency_ms > 0 and report.keras_latency_ms > 0
+    # Same numbers the report claims, recomputed from the predictions.
+    assert report.top1_agreement == np.mean(keras.probabilities.argmax(1) == edge.probabilities.argmax(1))
+    assert np.allclose(edge.probabilities.sum(axis=1), 1.0, atol=0.02)
+
+    gate = evaluate_gate(report)
+    assert gate.passed and not gate.reasons
+    assert parity_figure(keras, edge, CLASS_NAMES).startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("quantization", ["float16", "dynamic"])
+def test_float16_and_dynamic_range_variants_keep_the_edge_contract(
+    trained_classifier, train_raw_images, test_inputs, quantization
+):
+    tflite_model = convert(trained_classifier, train_raw_images, quantization=quantization)
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, quantization=quantization)
+    spec = describe_tflite(tflite_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1))
+    assert (spec.input_dtype, spec.input_shape) == ("uint8", [1, RAW_SIZE, RAW_SIZE, 1])
+    report, _, _ = parity(trained_classifier, test_inputs, tflite_model, quantization)
+    assert report.top1_agreement >= 0.99 and evaluate_gate(report).passed
+
+
+def test_mismatched_preprocessing_fails_the_gate_and_blocks_promotion(
+    trained_classifier, train_raw_images, test_inputs, int8_model, registered_version
+):
+    # "Normalised twice": the device path divides by 255 although the model rescales itself.
+    broken = convert(trained_classifier, train_raw_images, input_scale=1 / 255)
+    report, _, _ = parity(trained_classifier, test_inputs, broken)
+    gate = evaluate_gate(report, min_agreement=0.99)
+    assert report.top1_agreement < 0.99
+    assert not gate.passed and "agreement" in gate.reasons[0]
+
+    outcome = promote_if_gates_pass(
+        registered_version.tracking_uri,
+        registered_version.model_name,
+        registered_version.version,
+        [Gate("trained_model", True, "beats baseline"), Gate("edge_parity", gate.passed, "; ".join(gate.reasons))],
+        run_id=registered_version.run_id,
+    )
+    assert not outcome.promoted and "edge_parity" in outcome.reasons[0]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=registered_version.tracking_uri)
+    assert current_alias_version(client, registered_version.model_name) is None
+    version = client.get_model_version(registered_version.model_name, registered_version.version)
+    assert version.tags["dgx.promotion"] == "blocked"
+    assert "agreement" in version.tags["dgx.gate.edge_parity"]
+    assert client.get_run(registered_version.run_id).data.tags["dgx.promotion"] == "blocked"
+
+    # The correctly converted model passes the same gate, and then the version becomes champion.
+    good_report, _, _ = parity(trained_classifier, test_inputs, int8_model)
+    good_gate = evaluate_gate(good_report)
+    outcome = promote_if_gates_pass(
+        registered_version.tracking_uri, registered_version.model_name, registered_version.version,
+        [Gate("trained_model", True), Gate("edge_parity", good_gate.passed)], run_id=registered_version.run_id,
+    )
+    assert outcome.promoted
+    assert current_alias_version(client, registered_version.model_name) == registered_version.version
