@@ -1,0 +1,271 @@
+"""Model-ready image features, computed inside Spark's Python workers with TensorFlow.
+
+``compute_features`` is the plain-Python core (a pandas batch of valid ``raw_images`` rows in, a batch of
+feature rows out). ``features_from_batches`` wraps it for ``DataFrame.mapInPandas``: it binds the worker to
+the GPU Spark assigned to the task before TensorFlow is imported (see ``dgx_assets.spark.gpu``).
+``build_image_features`` is the Spark job over one raw_images partition.
+
+Each output row holds the model-input tensor as uint8 bytes, row-major (height, width, channels), with
+its shape in ``tensor_shape``: 0..255 pixel values after decoding, channel conversion and resizing, the
+exact values the classifier sees. Image statistics are computed on that tensor scaled to 0..1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Columns read from raw_images (the split is raw_images' stable one, from the content hash).
+RAW_COLUMNS = ["path", "batch", "label", "sha256", "width", "height", "split", "content"]
+
+FEATURE_COLUMNS = [
+    "sha256",  # id of the image (content hash)
+    "path",
+    "batch",
+    "label",
+    "split",  # train / validation / test
+    "source_width",
+    "source_height",
+    "tensor",  # uint8 bytes, row-major (height, width, channels)
+    "tensor_shape",  # [height, width, channels]
+    "brightness",  # mean grey level, 0..1
+    "contrast",  # RMS contrast: standard deviation of the grey level, 0..1
+    "sharpness",  # variance of the Laplacian of the grey level
+    "embedding",  # backbone features when an embedding model is configured, else null
+    "feature_status",  # "ok" or "error"
+    "feature_error",  # why, when feature_status is "error"
+    "feature_device",  # where it was computed: gpu:<address> / cpu in Spark tasks, gpu / cpu outside
+]
+
+FEATURE_SCHEMA_DDL = (
+    "sha256 string, path string, batch string, label string, split string, "
+    "source_width int, source_height int, tensor binary, tensor_shape array<int>, "
+    "brightness double, contrast double, sharpness double, embedding array<float>, "
+    "feature_status string, feature_error string, feature_device string"
+)
+
+_LAPLACIAN = [[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]]
+
+
+class FeatureConfigError(ValueError):
+    """A feature setting is wrong; the message names the setting."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureConfig:
+    image_height: int = 128
+    image_width: int = 128
+    channels: int = 1  # 1: grey, 3: RGB
+    batch_rows: int = 64  # rows per Arrow batch handed to TensorFlow
+    embedding_model: str | None = None  # local .keras classifier or backbone weights file
+    embedding_backbone: str = "mobilenet_small"  # architecture, when embedding_model is a weights file
+
+    @property
+    def tensor_shape(self) -> tuple[int, int, int]:
+        return (self.image_height, self.image_width, self.channels)
+
+    def validate(self) -> None:
+        if self.channels not in (1, 3):
+            raise FeatureConfigError(f"channels must be 1 or 3, got {self.channels} (setting 'channels')")
+        for name in ("image_height", "image_width"):
+            value = getattr(self, name)
+            if not 16 <= value <= 2048:
+                raise FeatureConfigError(f"{name} must be 16..2048 pixels, got {value} (setting {name!r})")
+        if self.batch_rows < 1:
+            raise FeatureConfigError(f"batch_rows must be positive (setting 'batch_rows'), got {self.batch_rows}")
+
+
+def tensor_from_row(tensor: bytes, shape: Iterable[int]) -> np.ndarray:
+    """Decode a stored model-input tensor back to a (height, width, channels) uint8 array."""
+    return np.frombuffer(tensor, dtype=np.uint8).reshape(tuple(int(s) for s in shape))
+
+
+def compute_features(
+    rows: pd.DataFrame, config: FeatureConfig, device_label: str | None = None, tf: Any = None
+) -> pd.DataFrame:
+    """Feature rows for a batch of valid raw_images rows (decode, convert, resize, statistics)."""
+    if tf is None:
+        import tensorflow as tf
+    config.validate()
+    if device_label is None:
+        device_label = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    out = pd.DataFrame(
+        {
+            "sha256": rows["sha256"].astype(str),
+            "path": rows["path"].astype(str),
+            "batch": rows["batch"].astype(str),
+            "label": rows["label"].astype(str),
+            "split": rows["split"].astype(str),
+            "source_width": rows["width"].astype("Int32"),
+            "source_height": rows["height"].astype("Int32"),
+        }
+    ).reset_index(drop=True)
+
+    tensors: list[bytes | None] = []
+    errors: list[str | None] = []
+    images = []
+    for content in rows["content"]:
+        try:
+            image = _model_input(tf, content, config)
+            images.append(image)
+            tensors.append(image.numpy().tobytes())
+            errors.append(None)
+        except Exception as exc:  # one bad image must not sink the batch: record why
+            tensors.append(None)
+            errors.append(f"{type(exc).__name__}: {exc}"[:500])
+
+    ok = np.array([e is None for e in errors], dtype=bool)
+    stats = np.full((len(out), 3), np.nan)
+    embeddings: list[list[float] | None] = [None] * len(out)
+    if images:
+        batch = tf.stack(images)
+        stats[ok] = _image_statistics(tf, batch)
+        if config.embedding_model:
+            model = _embedding_model(config)
+            vectors = model(tf.cast(batch, tf.float32), training=False).numpy()
+            for index, vector in zip(np.flatnonzero(ok), vectors):
+                embeddings[index] = vector.astype(np.float32).tolist()
+
+    out["tensor"] = tensors
+    out["tensor_shape"] = [list(config.tensor_shape) if e is None else None for e in errors]
+    out["brightness"], out["contrast"], out["sharpness"] = stats[:, 0], stats[:, 1], stats[:, 2]
+    out["embedding"] = embeddings
+    out["feature_status"] = np.where(ok, "ok", "error")
+    out["feature_error"] = errors
+    out["feature_device"] = device_label
+    return out[FEATURE_COLUMNS]
+
+
+def features_from_batches(batches: Iterator[pd.DataFrame], config: FeatureConfig) -> Iterator[pd.DataFrame]:
+    """``mapInPandas`` function: bind this worker to its task's GPU, then compute features per batch."""
+    from dgx_assets.spark.gpu import bind_task_gpus, describe_device
+
+    binding = bind_task_gpus()  # before TensorFlow's first import in this worker
+    tf = binding.tensorflow()
+    device = describe_device(binding, tf)
+    for rows in batches:
+        if len(rows):
+            yield compute_features(rows, config, device_label=device, tf=tf)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureJobSummary:
+    valid_rows: int
+    feature_rows: int
+    failed_rows: int
+    devices: list[str]
+    tensor_shape: list[int]
+
+
+def build_image_features(spark: Any, raw_uri: str, output_uri: str, config: FeatureConfig) -> FeatureJobSummary:
+    """Spark job: features for the valid rows of one raw_images partition, written as Parquet to output_uri."""
+    from pyspark.sql import functions as F
+
+    config.validate()
+    raw = spark.read.parquet(raw_uri)
+    missing = [c for c in RAW_COLUMNS + ["status"] if c not in raw.columns]
+    if missing:
+        raise ValueError(f"raw_images at {raw_uri} lacks columns {missing}; re-materialize raw_images")
+    valid = raw.where(F.col("status") == "valid").select(*RAW_COLUMNS)
+    valid_rows = valid.count()
+    # Spread the rows over the cluster's task slots, each task taking at least one full batch.
+    partitions = max(1, min(spark.sparkContext.defaultParallelism, math.ceil(valid_rows / config.batch_rows)))
+    features = valid.repartition(partitions).mapInPandas(
+        functools.partial(features_from_batches, config=config), FEATURE_SCHEMA_DDL
+    )
+    conf_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    previous = spark.conf.get(conf_key, None)
+    spark.conf.set(conf_key, str(config.batch_rows))
+    try:
+        features.write.mode("overwrite").parquet(output_uri)
+    finally:
+        if previous is None:
+            spark.conf.unset(conf_key)
+        else:
+            spark.conf.set(conf_key, previous)
+
+    written = spark.read.parquet(output_uri)
+    counts = {r["feature_status"]: r["count"] for r in written.groupBy("feature_status").count().collect()}
+    devices = sorted(r["feature_device"] for r in written.select("feature_device").distinct().collect())
+    feature_rows = sum(counts.values())
+    if feature_rows != valid_rows:
+        raise RuntimeError(f"feature job wrote {feature_rows} rows for {valid_rows} valid raw rows")
+    return FeatureJobSummary(
+        valid_rows=valid_rows,
+        feature_rows=feature_rows,
+        failed_rows=counts.get("error", 0),
+        devices=devices,
+        tensor_shape=list(config.tensor_shape),
+    )
+
+
+def _model_input(tf: Any, content: bytes, config: FeatureConfig) -> Any:
+    """Decoded, channel-converted, resized uint8 (height, width, channels) tensor."""
+    if content is None or len(content) == 0:
+        raise ValueError("no image bytes in the row")
+    try:
+        image = tf.io.decode_image(content, channels=0, dtype=tf.float32, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+        image = _decode_with_pillow(tf, content)  # TIFF and other formats TensorFlow cannot decode
+    have = int(image.shape[-1])
+    if have in (2, 4):
+        image = image[..., : have - 1]  # drop alpha
+    if config.channels == 1 and int(image.shape[-1]) == 3:
+        image = tf.image.rgb_to_grayscale(image)
+    elif config.channels == 3 and int(image.shape[-1]) == 1:
+        image = tf.image.grayscale_to_rgb(image)
+    image = tf.image.resize(image, [config.image_height, config.image_width], method="bilinear", antialias=True)
+    return tf.cast(tf.round(tf.clip_by_value(image * 255.0, 0.0, 255.0)), tf.uint8)
+
+
+def _decode_with_pillow(tf: Any, content: bytes) -> Any:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(content)) as img:
+        img.load()
+        if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+            array = np.asarray(img, dtype=np.float32) / (65535.0 if img.mode.startswith("I;16") else max(1.0, float(np.max(img))))
+            array = array[..., None]
+        else:
+            mode = "RGBA" if "A" in img.getbands() else ("L" if img.mode in ("1", "L", "P", "F") else "RGB")
+            array = np.asarray(img.convert(mode), dtype=np.float32) / 255.0
+            if array.ndim == 2:
+                array = array[..., None]
+    return tf.convert_to_tensor(array)
+
+
+def _image_statistics(tf: Any, batch: Any) -> np.ndarray:
+    """(brightness, contrast, sharpness) per image of a uint8 (n, h, w, c) batch."""
+    pixels = tf.cast(batch, tf.float32) / 255.0
+    grey = tf.image.rgb_to_grayscale(pixels) if int(pixels.shape[-1]) == 3 else pixels
+    brightness = tf.reduce_mean(grey, axis=[1, 2, 3])
+    contrast = tf.math.reduce_std(grey, axis=[1, 2, 3])
+    kernel = tf.reshape(tf.constant(_LAPLACIAN), [3, 3, 1, 1])
+    laplacian = tf.nn.conv2d(grey, kernel, strides=1, padding="VALID")
+    sharpness = tf.math.reduce_variance(laplacian, axis=[1, 2, 3])
+    return tf.stack([brightness, contrast, sharpness], axis=1).numpy().astype(np.float64)
+
+
+_EMBEDDING_MODELS: dict[tuple, Any] = {}
+_EMBEDDING_LOCK = threading.Lock()
+
+
+def _embedding_model(config: FeatureConfig) -> Any:
+    """Loaded once per Python worker and reused by every batch and task it serves."""
+    from dgx_assets.training.model import load_embedding_model
+
+    key = (config.embedding_model, config.embedding_backbone, config.tensor_shape)
+    with _EMBEDDING_LOCK:
+        if key not in _EMBEDDING_MODELS:
+            _EMBEDDING_MODELS[key] = load_embedding_model(
+                config.embedding_model, config.tensor_shape, backbone=config.embedding_backbone
+            )
+        return _EMBEDDING_MODELS[key]

@@ -1,0 +1,165 @@
+"""Keras classifier with a configurable backbone.
+
+The saved model takes float32 pixel values 0..255 of shape (H, W, C) and does its own rescaling, so the
+edge model and any caller feed raw pixels. Only standard Keras layers and ops are used: the ``.keras``
+file loads with plain ``keras.models.load_model`` and converts to TFLite without our code installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+# The classifier's named layers other code relies on: the input, the pooled features (the embedding
+# the feature job can reuse) and the softmax output.
+INPUT_NAME = "pixels"
+EMBEDDING_LAYER = "embedding"
+OUTPUT_NAME = "probabilities"
+
+# name -> (needs three channels, description). mobilenet_small trains from scratch on a laptop CPU in
+# minutes; resnet50 / mobilenet_v2 are Keras applications for DGX runs, optionally from a weights file.
+BACKBONES = {
+    "mobilenet_small": (False, "small MobileNet-style depthwise-separable network (default, CPU-friendly)"),
+    "mobilenet_v2": (True, "keras.applications.MobileNetV2"),
+    "resnet50": (True, "keras.applications.ResNet50"),
+}
+
+# ImageNet channel means (BGR) of the Caffe-style preprocessing ResNet50 weights expect.
+_CAFFE_BGR_MEAN = (103.939, 116.779, 123.68)
+
+
+class ModelConfigError(ValueError):
+    """A model setting is wrong; the message names the setting."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    backbone: str = "mobilenet_small"
+    weights_path: str | None = None  # backbone weights file (.h5 / .weights.h5); None: from scratch
+    dropout: float = 0.2
+    width: int = 32  # mobilenet_small: filters of the first block, doubled per stage
+
+    def validate(self) -> None:
+        if self.backbone not in BACKBONES:
+            raise ModelConfigError(
+                f"unknown backbone {self.backbone!r} (setting 'backbone'); choose one of "
+                f"{sorted(BACKBONES)}"
+            )
+        if self.weights_path and not os.path.isfile(self.weights_path):
+            raise ModelConfigError(
+                f"weights file {self.weights_path!r} (setting 'weights_path') does not exist; "
+                "give a local path to the backbone weights or leave it empty to train from scratch"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ModelConfigError(f"dropout {self.dropout} (setting 'dropout') must be in [0, 1)")
+
+
+def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> Any:
+    """The feature extractor alone: a Keras model from preprocessed pixels to a feature map."""
+    import keras
+
+    config.validate()
+    if config.backbone == "mobilenet_small":
+        backbone = _mobilenet_small(input_shape, config.width)
+        if config.weights_path:
+            backbone.load_weights(config.weights_path)
+        return backbone
+    application = {
+        "mobilenet_v2": keras.applications.MobileNetV2,
+        "resnet50": keras.applications.ResNet50,
+    }[config.backbone]
+    # Keras applications take a weights file path directly; "imagenet" would need the internet.
+    return application(include_top=False, weights=config.weights_path, input_shape=input_shape)
+
+
+def build_classifier(
+    config: ModelConfig, input_shape: tuple[int, int, int], num_classes: int
+) -> Any:
+    """Uncompiled classifier: float32 pixels 0..255 in, softmax over ``num_classes`` out."""
+    import keras
+
+    config.validate()
+    if num_classes < 2:
+        raise ModelConfigError(f"need at least two classes to train a classifier, got {num_classes}")
+    height, width, channels = input_shape
+    if channels not in (1, 3):
+        raise ModelConfigError(f"input channels must be 1 or 3, got {channels} (setting 'channels')")
+    needs_rgb = BACKBONES[config.backbone][0]
+
+    pixels = keras.Input(shape=input_shape, dtype="float32", name=INPUT_NAME)
+    x = pixels
+    if needs_rgb and channels == 1:
+        # Pretrained application weights expect three channels: repeat the grey plane.
+        x = keras.layers.Concatenate(name="grey_to_rgb")([x, x, x])
+    x = _preprocessing(config.backbone, x)
+    backbone = build_backbone(config, (height, width, 3 if needs_rgb else channels))
+    x = backbone(x)
+    x = keras.layers.GlobalAveragePooling2D(name=EMBEDDING_LAYER)(x)
+    if config.dropout:
+        x = keras.layers.Dropout(config.dropout, name="dropout")(x)
+    # float32 output even under mixed precision: softmax in float16 loses the small probabilities.
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name=OUTPUT_NAME)(x)
+    return keras.Model(pixels, outputs, name=f"defect_classifier_{config.backbone}")
+
+
+def embedding_model(classifier: Any) -> Any:
+    """The classifier cut at its pooled features."""
+    import keras
+
+    return keras.Model(classifier.inputs, classifier.get_layer(EMBEDDING_LAYER).output)
+
+
+def load_embedding_model(
+    source: str, input_shape: tuple[int, int, int], backbone: str = "mobilenet_small"
+) -> Any:
+    """An embedding model from a saved classifier (``.keras``) or from backbone weights."""
+    import keras
+
+    if not os.path.isfile(source):
+        raise ModelConfigError(
+            f"embedding model file {source!r} (setting 'embedding_model') does not exist"
+        )
+    if source.endswith(".keras"):
+        model = keras.models.load_model(source, compile=False)
+        if tuple(model.input_shape[1:]) != tuple(input_shape):
+            raise ModelConfigError(
+                f"embedding model {source!r} takes input {tuple(model.input_shape[1:])}, but the "
+                f"features are {tuple(input_shape)}: match image_size/channels to the model"
+            )
+        return embedding_model(model)
+    config = ModelConfig(backbone=backbone, weights_path=source, dropout=0.0)
+    return embedding_model(build_classifier(config, input_shape, num_classes=2))
+
+
+def _preprocessing(backbone: str, x: Any) -> Any:
+    import keras
+
+    if backbone == "resnet50":
+        # Caffe-style: RGB -> BGR, then subtract the ImageNet means, on the 0..255 scale.
+        x = keras.ops.flip(x, axis=-1)
+        return keras.layers.Normalization(
+            mean=list(_CAFFE_BGR_MEAN), variance=[1.0, 1.0, 1.0], name="caffe_preprocessing"
+        )(x)
+    # MobileNets: scale 0..255 to -1..1.
+    return keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="rescale")(x)
+
+
+def _mobilenet_small(input_shape: tuple[int, int, int], width: int) -> Any:
+    """Depthwise-separable blocks as in MobileNet v1, four stride-2 stages: ~100k parameters at width 32."""
+    import keras
+
+    layers = keras.layers
+    inputs = keras.Input(shape=input_shape)
+    x = layers.Conv2D(width // 2, 3, strides=2, padding="same", use_bias=False, name="stem_conv")(inputs)
+    x = layers.BatchNormalization(name="stem_bn")(x)
+    x = layers.ReLU(6.0, name="stem_relu")(x)
+    stages = [(width, 2), (width * 2, 2), (width * 2, 1), (width * 4, 2), (width * 4, 1), (width * 8, 2)]
+    for index, (filters, stride) in enumerate(stages, start=1):
+        x = layers.DepthwiseConv2D(3, strides=stride, padding="same", use_bias=False, name=f"b{index}_dw")(x)
+        x = layers.BatchNormalization(name=f"b{index}_dw_bn")(x)
+        x = layers.ReLU(6.0, name=f"b{index}_dw_relu")(x)
+        x = layers.Conv2D(filters, 1, use_bias=False, name=f"b{index}_pw")(x)
+        x = layers.BatchNormalization(name=f"b{index}_pw_bn")(x)
+        x = layers.ReLU(6.0, name=f"b{index}_pw_relu")(x)
+    return keras.Model(inputs, x, name="mobilenet_small")

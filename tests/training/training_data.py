@@ -1,0 +1,94 @@
+"""raw_images-shaped rows for the training tests: real ELPV cells, and a learnable synthetic defect set."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+RAW_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()), ("batch", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()),
+        ("sha256", pa.string()), ("format", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+        ("mode", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()),
+        ("content", pa.binary()),
+    ]
+)
+
+
+def split_for(sha256: str) -> str:
+    bucket = int(sha256[:8], 16) / 0x1_0000_0000
+    return "test" if bucket < 0.2 else "validation" if bucket < 0.35 else "train"
+
+
+def raw_row(batch: str, label: str, name: str, data: bytes, status: str = "valid", split: str | None = None) -> dict:
+    digest = hashlib.sha256(data).hexdigest()
+    width = height = None
+    fmt = mode = None
+    if status == "valid":
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                width, height, fmt, mode = img.width, img.height, img.format, img.mode
+        except Exception:
+            pass  # a row ingest called valid whose bytes the feature job cannot read
+    return {
+        "path": f"file:///landing/{batch}/{label}/{name}", "batch": batch, "label": label,
+        "size_bytes": len(data), "sha256": digest, "format": fmt, "width": width, "height": height,
+        "mode": mode, "status": status, "reason": "" if status == "valid" else f"test: {status}",
+        "split": (split or split_for(digest)) if status == "valid" else None,
+        "content": data if status == "valid" else None,
+    }
+
+
+def png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def elpv_raw_rows(count: int, batch: str, seed: int = 0) -> pd.DataFrame:
+    """`count` real ELPV cells: defect probability 0 -> functional, >= 2/3 -> defective (half each)."""
+    from elpv_dataset.utils import load_dataset
+
+    images, probabilities, _ = load_dataset()
+    rng = np.random.default_rng(seed)
+    functional = rng.permutation(np.flatnonzero(probabilities == 0))[: count // 2]
+    defective = rng.permutation(np.flatnonzero(probabilities >= 0.6))[: count - count // 2]
+    rows = [raw_row(batch, "functional", f"cell{i:04d}.png", png(images[i])) for i in functional]
+    rows += [raw_row(batch, "defective", f"cell{i:04d}.png", png(images[i])) for i in defective]
+    return pd.DataFrame(rows)
+
+
+def synthetic_cell(rng: np.random.Generator, defective: bool, size: int = 48) -> np.ndarray:
+    """A noisy grey cell; defective ones carry a dark crack: easy to learn, not trivial."""
+    cell = rng.normal(150, 25, size=(size, size)).clip(0, 255)
+    cell[:, :: size // 4] *= 0.7  # busbars
+    if defective:
+        start, end = rng.integers(0, size, 2)
+        for x in range(size):
+            y = int(start + (end - start) * x / size)
+            cell[max(0, y - 1) : y + 2, x] *= 0.25
+    return cell.astype(np.uint8)
+
+
+def synthetic_raw_rows(count: int, batch: str, seed: int = 0, defect_share: float = 0.35) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for index in range(count):
+        defective = rng.random() < defect_share
+        label = "defective" if defective else "functional"
+        rows.append(raw_row(batch, label, f"s{seed}_{index:04d}.png", png(synthetic_cell(rng, defective))))
+    return pd.DataFrame(rows)
+
+
+def write_raw_partition(rows: pd.DataFrame, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(rows, schema=RAW_SCHEMA, preserve_index=False)
+    pq.write_table(table, folder / "part-00000.parquet")
+    return folder
