@@ -1,0 +1,35 @@
+"""The dgx_assets code location: per-domain definitions merged, resources chosen per deployment.
+
+Kept cheap to import (no tensorflow, paddle, pyspark or great_expectations here): the webserver, the
+daemon and every sensor tick load it.
+"""
+
+import os
+
+import dagster as dg
+
+from dgx_assets.ingest import definitions as ingest
+from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.spark.resource import SparkResource
+
+# Every deployment reads its URIs from the environment when a run starts; what differs is how steps run:
+# one process per run locally and on Spark Standalone (one SparkSession shared by the run's assets),
+# one Kubernetes pod per step with dagster-k8s.
+_shared_resources = {"spark": SparkResource(), "lake": LakeResource(), "mlflow": MlflowResource()}
+
+
+def _executor(deployment: str):
+    if deployment == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor
+    return dg.in_process_executor
+
+
+defs = dg.Definitions.merge(
+    ingest.defs,
+    dg.Definitions(
+        resources=_shared_resources,
+        executor=_executor(os.environ.get("DGX_DEPLOYMENT", "local")),
+    ),
+)

@@ -1,0 +1,70 @@
+import dagster as dg
+
+from dgx_assets.ingest import images, spark_ingest, tables
+from dgx_assets.partitions import image_batches
+from dgx_assets.resources import LakeResource
+from dgx_assets.spark.resource import SparkResource
+
+ASSET_OWNERS = ["team:data-platform"]
+
+
+class RawImagesConfig(dg.Config):
+    max_pixels: int = images.ValidationLimits.max_pixels
+    max_side: int = images.ValidationLimits.max_side
+    max_file_bytes: int = images.ValidationLimits.max_file_bytes
+    validation_share: float = 0.15
+    test_share: float = 0.15
+    target_file_mb: int = 128
+
+
+# Ingests one landing batch folder with Spark: every file gets a row, valid images keep their bytes.
+@dg.asset(
+    partitions_def=image_batches,
+    group_name="ingestion",
+    kinds={"spark", "parquet"},
+    owners=ASSET_OWNERS,
+    code_version="1",
+    description=(
+        "One row per file of a landing batch: decoded on Spark executors with Pillow, status `valid` or a reason "
+        "class, stable train/validation/test split from the content hash, image bytes compacted into Parquet."
+    ),
+)
+def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark: SparkResource, lake: LakeResource):
+    batch = context.partition_key
+    store = lake.lake
+    landing_batch = f"{lake.landing_uri.rstrip('/')}/{batch}"
+    settings = spark_ingest.IngestSettings(
+        limits=images.ValidationLimits(config.max_pixels, config.max_side, config.max_file_bytes),
+        validation_share=config.validation_share,
+        test_share=config.test_share,
+        target_file_bytes=config.target_file_mb * 1024 * 1024,
+    )
+    frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, settings)
+    staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
+    context.log.info(f"Ingesting {landing_batch} into {final}")
+    frame.write.mode("overwrite").parquet(staging)
+    written = tables.read_partition_summary(store, staging)
+    if written is None:
+        store.delete(staging)
+        raise dg.Failure(
+            f"Landing batch {landing_batch} holds no image files ({', '.join(images.IMAGE_EXTENSIONS)}); "
+            "check DGX_LANDING_URI and the batch folder name.",
+        )
+    store.commit(staging, final)
+    summary = tables.summarize(written)
+    context.log.info(f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}")
+    preview = written.slice(0, 10).select(["path", "label", "status", "reason", "format", "width", "height", "split"])
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": summary["files_listed"],
+            "files_listed": summary["files_listed"],
+            "valid": summary["valid"],
+            "quarantined": dg.MetadataValue.json(summary["quarantined"]),
+            "bytes": summary["bytes"],
+            "label_counts": dg.MetadataValue.json(summary["labels"]),
+            "split_counts": dg.MetadataValue.json(summary["splits"]),
+            "preview": dg.MetadataValue.md(preview.to_pandas().to_markdown(index=False)),
+            "path": dg.MetadataValue.path(final),
+            "landing_batch": dg.MetadataValue.path(landing_batch),
+        }
+    )

@@ -1,0 +1,152 @@
+"""Great Expectations suites on each raw_images partition, as Dagster asset checks.
+
+Each check reads the partition just written with Spark and runs one small GE suite on it; the GE
+statistics and failing examples go into the check's metadata, and GE's data docs stay under `.dgx/gx/`.
+"""
+
+import dagster as dg
+
+from dgx_assets import settings
+from dgx_assets.ingest import images
+from dgx_assets.ingest.assets import raw_images
+from dgx_assets.ingest.expectations import SuiteOutcome, run_suite
+from dgx_assets.partitions import image_batches
+from dgx_assets.resources import LakeResource
+from dgx_assets.spark.resource import SparkResource
+
+
+class ValidShareConfig(dg.Config):
+    min_valid_share: float = 0.8
+
+
+class ImageBoundsConfig(dg.Config):
+    min_side: int = 16
+    max_side: int = 8192
+    formats: list[str] = sorted(images.SUPPORTED_FORMATS)
+
+
+class LabelsConfig(dg.Config):
+    expected_labels: list[str] = ["defective", "functional"]
+
+
+def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid_only: bool = False):
+    store = lake.lake
+    frame = (
+        spark.spark_session.read.option("basePath", store.asset_uri("raw_images"))
+        .parquet(store.asset_uri("raw_images", batch))
+        .drop("content")
+    )
+    return frame.filter(frame.status == images.VALID) if valid_only else frame
+
+
+def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, **extra) -> dg.AssetCheckResult:
+    failing = {e["column"] or e["expectation"]: e["failing_examples"] for e in outcome.expectations if not e["success"]}
+    return dg.AssetCheckResult(
+        passed=outcome.success,
+        severity=severity,
+        metadata={
+            "ge_statistics": dg.MetadataValue.json(outcome.statistics),
+            "ge_results": dg.MetadataValue.json(outcome.expectations),
+            "failing_examples": dg.MetadataValue.json(failing),
+            **({"ge_data_docs": dg.MetadataValue.url(outcome.data_docs)} if outcome.data_docs else {}),
+            **extra,
+        },
+    )
+
+
+def _gx_root():
+    return settings.state_dir() / "gx"
+
+
+# Blocks everything downstream when too few files of a batch are usable images.
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    blocking=True,
+    description="GE: the share of rows with status `valid` is at least `min_valid_share` (blocking).",
+)
+def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShareConfig, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    frame = _partition_frame(spark, lake, context.partition_key)
+    outcome = run_suite(
+        frame,
+        "raw_images_valid_share",
+        [gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID], mostly=config.min_valid_share)],
+        _gx_root(),
+    )
+    share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
+    return _result(
+        outcome,
+        valid_share=round(share, 4),
+        min_valid_share=config.min_valid_share,
+        what_to_fix=(
+            "" if outcome.success else
+            f"Only {share:.1%} of batch {context.partition_key} decoded as images; see `status`/`reason` in "
+            "raw_images and the GE data docs, fix or remove the bad files in the landing batch, then re-materialize."
+        ),
+    )
+
+
+# Warns when valid images have sizes or formats outside what the model and cameras are expected to give.
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    description="GE: valid images have width/height within bounds and an expected format.",
+)
+def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConfig, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    frame = _partition_frame(spark, lake, context.partition_key, valid_only=True)
+    outcome = run_suite(
+        frame,
+        "raw_images_bounds",
+        [
+            gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
+        ],
+        _gx_root(),
+    )
+    return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
+
+
+# Warns when files carry a label folder the classifier does not know.
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    description="GE: every file's label folder is one of the expected labels.",
+)
+def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    frame = _partition_frame(spark, lake, context.partition_key)
+    outcome = run_suite(
+        frame,
+        "raw_images_labels",
+        [
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
+        ],
+        _gx_root(),
+    )
+    return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
+
+
+# Warns when the same image bytes arrive twice in one batch (they would be counted twice in training and evaluation).
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    description="GE: no two valid images in the batch have the same content (sha256).",
+)
+def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    frame = _partition_frame(spark, lake, context.partition_key, valid_only=True)
+    outcome = run_suite(
+        frame, "raw_images_duplicates", [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")], _gx_root()
+    )
+    return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
+
+
+raw_image_checks = [valid_image_share, image_bounds, labels_expected, no_duplicate_content]

@@ -1,0 +1,165 @@
+"""The lake: where assets write their tables, on a local disk, on HDFS or over WebHDFS.
+
+One `Lake` speaks URIs that both Spark (through Hadoop's filesystems) and pyarrow accept, so an asset can
+let Spark write a table and then inspect or commit it from the driver with the same string.
+
+Partitioned tables use hive-style `batch=<key>` folders. A partition is written aside into a hidden
+staging folder (readers skip names starting with `.` or `_`) and then swapped in by rename, so readers
+never see a half-written partition. The swap is two renames (old aside, new in); a run killed between
+them leaves the old version in a hidden `.previous` folder, and the next commit or listing puts it back.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+PARTITION_COLUMN = "batch"
+
+
+def normalize_uri(location: str) -> str:
+    """A plain path becomes an absolute `file://` URI; URIs are kept, without a trailing slash."""
+    if "://" not in location:
+        return Path(location).expanduser().resolve().as_uri()
+    return location.rstrip("/") if not location.endswith(":///") else location
+
+
+def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem serving `uri`, and the path of `uri` inside it."""
+    uri = normalize_uri(uri)
+    scheme = urlparse(uri).scheme
+    if scheme in ("webhdfs", "swebhdfs"):
+        # pyarrow has no WebHDFS client of its own; fsspec's speaks the REST API.
+        import fsspec
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        fs = fsspec.filesystem(scheme, **_webhdfs_options(uri))
+        return PyFileSystem(FSSpecHandler(fs)), urlparse(uri).path or "/"
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _webhdfs_options(uri: str) -> dict:
+    parsed = urlparse(uri)
+    options: dict = {"host": parsed.hostname}
+    if parsed.port:
+        options["port"] = parsed.port
+    if parsed.username:
+        options["user"] = parsed.username
+    return options
+
+
+@dataclass
+class Lake:
+    root: str
+    fs: pafs.FileSystem = field(init=False, repr=False)
+    _root_path: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.root = normalize_uri(self.root)
+        self.fs, self._root_path = filesystem_for(self.root)
+
+    # --- naming -------------------------------------------------------------------------------
+    def uri(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts) if parts else self.root
+
+    def fs_path(self, uri: str) -> str:
+        """The path of a URI under this lake's root, as this lake's pyarrow filesystem names it."""
+        uri = normalize_uri(uri)
+        if not uri.startswith(self.root):
+            return filesystem_for(uri)[1]
+        relative = uri[len(self.root):].lstrip("/")
+        return posixpath.join(self._root_path, relative) if relative else self._root_path
+
+    def asset_uri(self, asset: str, partition: str | None = None) -> str:
+        if partition is None:
+            return self.uri(asset)
+        return self.uri(asset, f"{PARTITION_COLUMN}={partition}")
+
+    def staging_uri(self, asset: str, partition: str | None = None) -> str:
+        name = f"{PARTITION_COLUMN}={partition}" if partition is not None else "_all"
+        return self.uri(asset, f".staging-{name}-{uuid.uuid4().hex[:12]}")
+
+    # --- files ----------------------------------------------------------------------------------
+    def exists(self, uri: str) -> bool:
+        return self.fs.get_file_info(self.fs_path(uri)).type != pafs.FileType.NotFound
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        path = self.fs_path(uri)
+        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
+    def read_bytes(self, uri: str) -> bytes:
+        with self.fs.open_input_stream(self.fs_path(uri)) as stream:
+            return stream.read()
+
+    def delete(self, uri: str) -> None:
+        path = self.fs_path(uri)
+        info = self.fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(path)
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(path)
+
+    def data_files(self, uri: str, suffix: str = ".parquet") -> list[str]:
+        """Visible data files under `uri` (hidden and `_`-prefixed names skipped, as Spark does), sorted."""
+        path = self.fs_path(uri)
+        if self.fs.get_file_info(path).type != pafs.FileType.Directory:
+            return []
+        selector = pafs.FileSelector(path, recursive=True)
+        found = []
+        for info in self.fs.get_file_info(selector):
+            relative = info.path[len(path):].lstrip("/")
+            if info.type != pafs.FileType.File or not info.path.endswith(suffix):
+                continue
+            if any(part.startswith((".", "_")) for part in relative.split("/")):
+                continue
+            found.append(info.path)
+        return sorted(found)
+
+    def partitions(self, asset: str) -> list[str]:
+        """Partition keys that have a committed folder under `<root>/<asset>/`."""
+        base = self.fs_path(self.asset_uri(asset))
+        if self.fs.get_file_info(base).type != pafs.FileType.Directory:
+            return []
+        self._restore_interrupted(base)
+        prefix = f"{PARTITION_COLUMN}="
+        keys = [
+            posixpath.basename(info.path)[len(prefix):]
+            for info in self.fs.get_file_info(pafs.FileSelector(base))
+            if info.type == pafs.FileType.Directory and posixpath.basename(info.path).startswith(prefix)
+        ]
+        return sorted(keys)
+
+    # --- atomic replace ---------------------------------------------------------------------------
+    def commit(self, staging_uri: str, final_uri: str) -> None:
+        """Make `staging_uri` visible as `final_uri`, replacing what was there."""
+        staging, final = self.fs_path(staging_uri), self.fs_path(final_uri)
+        parent = posixpath.dirname(final)
+        self._restore_interrupted(parent)
+        previous = posixpath.join(parent, f".{posixpath.basename(final)}.previous-{uuid.uuid4().hex[:12]}")
+        replaced = self.fs.get_file_info(final).type != pafs.FileType.NotFound
+        if replaced:
+            self.fs.move(final, previous)
+        self.fs.move(staging, final)
+        if replaced:
+            self.fs.delete_dir(previous)
+
+    def _restore_interrupted(self, parent: str) -> None:
+        """Put back a previous version that a killed commit left aside, and drop stale leftovers."""
+        if self.fs.get_file_info(parent).type != pafs.FileType.Directory:
+            return
+        for info in self.fs.get_file_info(pafs.FileSelector(parent)):
+            name = posixpath.basename(info.path)
+            if not (name.startswith(".") and ".previous-" in name):
+                continue
+            final = posixpath.join(parent, name[1:].split(".previous-")[0])
+            if self.fs.get_file_info(final).type == pafs.FileType.NotFound:
+                self.fs.move(info.path, final)
+            else:
+                self.fs.delete_dir(info.path)

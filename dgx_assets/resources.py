@@ -1,0 +1,42 @@
+"""Resources shared across domains. Defaults come from the environment when a resource initialises."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import dagster as dg
+
+from dgx_assets import settings
+from dgx_assets.lake import Lake
+
+
+class LakeResource(dg.ConfigurableResource):
+    """Where assets write (DGX_LAKE_ROOT), where images land (DGX_LANDING_URI), the prompts (DGX_PROMPTS_URI)."""
+
+    root: Optional[str] = None
+    landing: Optional[str] = None
+    prompts: Optional[str] = None
+
+    @property
+    def lake(self) -> Lake:
+        return Lake(self.root or settings.lake_root())
+
+    @property
+    def landing_uri(self) -> str:
+        return self.landing or settings.landing_uri(self.lake.root)
+
+    @property
+    def prompts_uri(self) -> str:
+        return self.prompts or settings.prompts_uri(self.lake.root)
+
+
+class MlflowResource(dg.ConfigurableResource):
+    """The MLflow tracking store and the registered model every training run versions."""
+
+    tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite under .dgx/
+    experiment_name: str = "dgx_assets"
+    registered_model_name: str = "dgx_defect_classifier"
+
+    @property
+    def resolved_tracking_uri(self) -> str:
+        return self.tracking_uri or settings.mlflow_tracking_uri()

@@ -1,0 +1,117 @@
+"""The run's SparkSession, configured from a deployment profile (local, Spark Standalone, Kubernetes).
+
+This module is imported by the code location, so it must not import pyspark: the session is built in
+`setup_for_execution`, through dagster_pyspark's PySparkResource, only when a run actually uses Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from dgx_assets import settings
+
+
+def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
+    """Spark settings for a deployment, before the user's overrides."""
+    common = {
+        "spark.app.name": "dgx_assets",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "256",
+        "spark.sql.parquet.compression.codec": "zstd",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.eventLog.enabled": "true",
+    }
+    if deployment == "local":
+        event_dir = settings.state_dir() / "spark-events"
+        return common | {
+            "spark.master": master or "local[*]",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.memory": "4g",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            "spark.sql.shuffle.partitions": "8",
+            "spark.eventLog.dir": event_dir.as_uri(),
+            "spark.history.fs.logDirectory": event_dir.as_uri(),
+            # Plain local[N] never hands tasks GPU addresses: asking for task GPUs there hangs the job.
+        }
+    if not master:
+        raise ValueError(f"DGX_DEPLOYMENT={deployment} needs DGX_SPARK_MASTER (a spark:// or k8s:// URL)")
+    gpu = {
+        # One GPU per executor, shared by its tasks through a fractional amount (the spark-rapids practice):
+        # a reused Python worker then never sees a different GPU address.
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.task.resource.gpu.amount": "0.25",
+        "spark.executor.cores": "4",
+        "spark.executor.memory": "8g",
+        "spark.network.timeout": "120s",
+        "spark.eventLog.dir": os.environ.get("DGX_SPARK_EVENT_LOG", "file:///tmp/spark-events"),
+    }
+    if deployment == "standalone":
+        if not master.startswith("spark://"):
+            raise ValueError(f"DGX_SPARK_MASTER={master!r}: the standalone profile needs a spark://host:port URL")
+        return common | gpu | {"spark.master": master}
+    if not master.startswith("k8s://"):
+        raise ValueError(f"DGX_SPARK_MASTER={master!r}: the k8s profile needs a k8s://https://host:port URL")
+    return common | gpu | {
+        "spark.master": master,
+        "spark.submit.deployMode": "client",
+        "spark.kubernetes.namespace": os.environ.get("DGX_K8S_NAMESPACE", "dgx-assets"),
+        "spark.kubernetes.container.image": os.environ.get("DGX_SPARK_IMAGE", "dgx-assets/code-location:0.1.0"),
+        "spark.executor.instances": "2",
+        "spark.kubernetes.executor.request.cores": "4",
+        "spark.kubernetes.executor.limit.cores": "4",
+        "spark.executor.resource.gpu.vendor": "nvidia.com",
+        "spark.executor.resource.gpu.discoveryScript": "/opt/dgx_assets/deploy/spark/gpu-discovery.sh",
+        "spark.kubernetes.executor.node.selector.nvidia.com/gpu.present": "true",
+    }
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A SparkSession shared by every asset of a run, configured for `local`, `standalone` or `k8s`."""
+
+    deployment: Optional[str] = None  # None: DGX_DEPLOYMENT, else "local"
+    master: Optional[str] = None  # None: DGX_SPARK_MASTER
+    spark_conf: dict[str, Any] = {}  # overrides, applied last
+
+    _pyspark: Any = PrivateAttr(default=None)
+
+    @property
+    def spark_config(self) -> dict[str, str]:
+        deployment = self.deployment or settings.deployment()
+        conf = profile_conf(deployment, self.master or settings.spark_master())
+        return conf | {key: str(value) for key, value in self.spark_conf.items()}
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        conf = self.spark_config
+        prepare_process_environment()
+        if conf.get("spark.eventLog.dir", "").startswith("file:"):
+            from urllib.parse import urlparse
+
+            os.makedirs(urlparse(conf["spark.eventLog.dir"]).path, exist_ok=True)
+        from dagster_pyspark import PySparkResource
+
+        # getOrCreate inside: every asset of an in-process run shares this one session.
+        self._pyspark = PySparkResource(spark_config=conf)
+        self._pyspark.setup_for_execution(context)
+
+    @property
+    def spark_session(self):
+        if self._pyspark is None:
+            raise dg.DagsterInvariantViolationError("SparkResource used outside a run (no session was built)")
+        return self._pyspark.spark_session
+
+
+def prepare_process_environment() -> None:
+    """Settings these machines need before Spark, MLflow or GE start (no internet, loopback only)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "true")

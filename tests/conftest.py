@@ -1,0 +1,47 @@
+"""Test-wide setup: every test writes under a temporary state dir, Spark stays on loopback."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # for tests/imagefactory.py
+
+os.environ.update(
+    SPARK_LOCAL_IP="127.0.0.1",
+    PYSPARK_PYTHON=sys.executable,
+    PYSPARK_DRIVER_PYTHON=sys.executable,
+    MLFLOW_DISABLE_TELEMETRY="true",
+    GX_ANALYTICS_ENABLED="false",
+    DAGSTER_DISABLE_TELEMETRY="true",
+    TF_CPP_MIN_LOG_LEVEL="2",
+)
+for variable in ("DGX_LAKE_ROOT", "DGX_LANDING_URI", "DGX_PROMPTS_URI", "DGX_DEPLOYMENT", "DGX_SPARK_MASTER",
+                 "MLFLOW_TRACKING_URI", "DGX_ERNIE_ENDPOINTS"):
+    os.environ.pop(variable, None)
+
+# Small, quiet Spark for tests: the UI and event log cost start-up time and ports.
+TEST_SPARK_CONF = {
+    "spark.master": "local[2]",
+    "spark.ui.enabled": "false",
+    "spark.eventLog.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.driver.memory": "2g",
+}
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path, monkeypatch):
+    """Each test gets its own `.dgx` (lake, GE context, MLflow store)."""
+    state = tmp_path / "dgx"
+    state.mkdir()
+    monkeypatch.setenv("DGX_STATE_DIR", str(state))
+    return state
+
+
+@pytest.fixture
+def spark_resource():
+    from dgx_assets.spark.resource import SparkResource
+
+    return SparkResource(spark_conf=TEST_SPARK_CONF)

@@ -1,0 +1,126 @@
+"""raw_images through a real Dagster instance and a real SparkSession."""
+
+import pyarrow.dataset as ds
+import dagster as dg
+from imagefactory import bad_files, valid_images, write_batch
+
+from dgx_assets.ingest.assets import raw_images
+from dgx_assets.ingest.checks import raw_image_checks
+from dgx_assets.lake import Lake
+from dgx_assets.partitions import image_batches
+from dgx_assets.resources import LakeResource
+
+ONLY_THE_ASSET = dg.AssetSelection.assets(raw_images).without_checks()
+
+
+def materialize_batch(instance, spark_resource, lake_root, batch, selection=None, raise_on_error=True):
+    instance.add_dynamic_partitions(image_batches.name, [batch])
+    return dg.materialize(
+        [raw_images, *raw_image_checks],
+        instance=instance,
+        partition_key=batch,
+        resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
+        selection=selection,
+        raise_on_error=raise_on_error,
+    )
+
+
+def read_partition(lake_root, batch):
+    lake = Lake(str(lake_root))
+    return ds.dataset(lake.data_files(lake.asset_uri("raw_images", batch)), filesystem=lake.fs).to_table().to_pylist()
+
+
+def test_every_file_has_a_row_and_valid_bytes_survive(tmp_path, spark_resource):
+    lake_root = tmp_path / "lake"
+    expected = write_batch(lake_root / "landing", "b1")
+    (lake_root / "landing" / "b1" / "functional" / "_SUCCESS").write_bytes(b"")
+    (lake_root / "landing" / "b1" / "functional" / ".hidden.png").write_bytes(b"x")
+    with dg.instance_for_test() as instance:
+        result = materialize_batch(instance, spark_resource, lake_root, "b1", selection=ONLY_THE_ASSET)
+        assert result.success  # ten bad files, and the Spark job still succeeds
+        rows = read_partition(lake_root, "b1")
+        by_name = {"/".join(row["path"].split("/")[-2:]): row for row in rows}
+        assert set(by_name) == set(expected)  # markers and hidden files are not ingested
+        for name, status in expected.items():
+            row = by_name[name]
+            assert row["status"] == status, (name, row["reason"])
+            assert row["reason"] is not None
+            assert row["split"] in ("train", "validation", "test") or status == "too_large"
+        for label in ("defective", "functional"):
+            for name, data in valid_images(seed=0 if label == "defective" else 1).items():
+                assert by_name[f"{label}/{name}"]["content"] == data  # byte for byte
+        assert by_name["defective/truncated.png"]["content"] is None
+        metadata = result.asset_materializations_for_node("raw_images")[0].metadata
+        assert metadata["files_listed"].value == len(expected)
+        assert metadata["valid"].value == 20
+        assert metadata["quarantined"].value["corrupted"] == 3
+
+
+def test_mostly_corrupt_batch_fails_the_blocking_check_and_stops_downstream(tmp_path, spark_resource):
+    lake_root = tmp_path / "lake"
+    folder = lake_root / "landing" / "bad" / "defective"
+    folder.mkdir(parents=True)
+    for index in range(6):
+        (folder / f"broken{index}.png").write_bytes(bad_files()["truncated.png"][0])
+    (folder / "good.png").write_bytes(valid_images()["grey.png"])
+
+    @dg.asset(partitions_def=image_batches, deps=[raw_images])
+    def downstream_of_raw_images():
+        return None
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(image_batches.name, ["bad"])
+        result = dg.materialize(
+            [raw_images, *raw_image_checks, downstream_of_raw_images],
+            instance=instance,
+            partition_key="bad",
+            resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
+            raise_on_error=False,
+        )
+        share = {e.check_name: e for e in result.get_asset_check_evaluations()}["valid_image_share"]
+        assert not share.passed
+        assert "Only 14.3%" in share.metadata["what_to_fix"].value
+        assert share.metadata["failing_examples"].value["status"] == ["corrupted"] * 6
+        assert not result.asset_materializations_for_node("downstream_of_raw_images")
+
+
+def test_a_few_bad_files_pass_the_blocking_check(tmp_path, spark_resource):
+    lake_root = tmp_path / "lake"
+    write_batch(lake_root / "landing", "b2", bad=False)
+    folder = lake_root / "landing" / "b2" / "functional"
+    (folder / "truncated.png").write_bytes(bad_files()["truncated.png"][0])
+    with dg.instance_for_test() as instance:
+        result = materialize_batch(instance, spark_resource, lake_root, "b2")
+        share = {e.check_name: e for e in result.get_asset_check_evaluations()}["valid_image_share"]
+        assert share.passed and share.metadata["valid_share"].value > 0.9
+        assert "ge_data_docs" in share.metadata
+        others = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        assert others == {"valid_image_share": True, "image_bounds": True, "labels_expected": True, "no_duplicate_content": True}
+
+
+def test_duplicates_and_unknown_labels_warn_with_examples(tmp_path, spark_resource):
+    lake_root = tmp_path / "lake"
+    write_batch(lake_root / "landing", "b4", labels=("defective", "scratched"), bad=False)
+    folder = lake_root / "landing" / "b4" / "defective"
+    (folder / "copy_of_grey.png").write_bytes((folder / "grey.png").read_bytes())
+    with dg.instance_for_test() as instance:
+        result = materialize_batch(instance, spark_resource, lake_root, "b4")
+        assert result.success  # warnings do not stop the run
+        checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        assert not checks["no_duplicate_content"].passed
+        assert checks["no_duplicate_content"].severity == dg.AssetCheckSeverity.WARN
+        assert not checks["labels_expected"].passed
+        assert "scratched" in checks["labels_expected"].metadata["failing_examples"].value["label"]
+
+
+def test_rematerializing_replaces_the_partition(tmp_path, spark_resource):
+    lake_root = tmp_path / "lake"
+    write_batch(lake_root / "landing", "b3", bad=False)
+    with dg.instance_for_test() as instance:
+        materialize_batch(instance, spark_resource, lake_root, "b3", selection=ONLY_THE_ASSET)
+        first = len(read_partition(lake_root, "b3"))
+        (lake_root / "landing" / "b3" / "functional" / "grey.png").unlink()
+        materialize_batch(instance, spark_resource, lake_root, "b3", selection=ONLY_THE_ASSET)
+        assert len(read_partition(lake_root, "b3")) == first - 1
+        hidden = [p.name for p in (lake_root / "raw_images").iterdir() if p.name.startswith(".")]
+        assert hidden == []  # no staging or previous versions left behind
