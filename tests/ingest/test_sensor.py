@@ -1,0 +1,104 @@
+"""The landing-zone sensor against a real folder and a real Dagster instance."""
+
+import json
+import time
+
+import dagster as dg
+from imagefactory import valid_images
+
+from dgx_assets.ingest.sensors import landing_zone_sensor
+from dgx_assets.partitions import image_batches
+from dgx_assets.resources import LakeResource
+
+
+def land(landing, batch, names=("a.png", "b.png"), label="functional"):
+    folder = landing / batch / label
+    folder.mkdir(parents=True, exist_ok=True)
+    images = list(valid_images().values())
+    for index, name in enumerate(names):
+        (folder / name).write_bytes(images[index % len(images)])
+
+
+def tick(instance, lake_root, cursor):
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lake": LakeResource(root=str(lake_root))})
+    result = landing_zone_sensor(context)
+    for request in result.dynamic_partitions_requests:  # what the daemon does with them
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return result
+
+
+def test_new_batch_requests_one_run_once_it_is_stable(tmp_path):
+    lake_root = tmp_path / "lake"
+    land(lake_root / "landing", "2026-12-01")
+    (lake_root / "landing" / "_SUCCESS").write_bytes(b"")
+    with dg.instance_for_test() as instance:
+        first = tick(instance, lake_root, None)
+        assert first.run_requests == []  # first sight: wait one tick to see it is not still growing
+        second = tick(instance, lake_root, first.cursor)
+        assert [r.partition_key for r in second.run_requests] == ["2026-12-01"]
+        assert second.run_requests[0].run_key.startswith("2026-12-01:")
+        assert instance.get_dynamic_partitions(image_batches.name) == ["2026-12-01"]
+        third = tick(instance, lake_root, second.cursor)  # the same tick again: nothing
+        assert third.run_requests == []
+
+
+def test_batch_with_a_file_still_copying_waits_until_complete(tmp_path):
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "b1")
+    (landing / "b1" / "functional" / "c.png._COPYING_").write_bytes(b"partial")
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for _ in range(3):
+            result = tick(instance, lake_root, cursor)
+            assert result.run_requests == []
+            cursor = result.cursor
+        assert "still being copied" in result.skip_reason.skip_message
+        (landing / "b1" / "functional" / "c.png._COPYING_").rename(landing / "b1" / "functional" / "c.png")
+        result = tick(instance, lake_root, cursor)
+        assert result.run_requests == []  # changed since the last look
+        result = tick(instance, lake_root, result.cursor)
+        assert [r.partition_key for r in result.run_requests] == ["b1"]
+
+
+def test_growing_batch_is_not_ingested_until_sizes_settle(tmp_path):
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "b1", names=("a.png",))
+    with dg.instance_for_test() as instance:
+        result = tick(instance, lake_root, None)
+        land(landing, "b1", names=("a.png", "b.png"))  # a second file arrives between ticks
+        result = tick(instance, lake_root, result.cursor)
+        assert result.run_requests == []
+        result = tick(instance, lake_root, result.cursor)
+        assert len(result.run_requests) == 1
+
+
+def test_cursor_survives_a_restart_and_changed_batches_run_again(tmp_path):
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "b1")
+    land(landing, "b2")
+    with dg.instance_for_test() as instance:
+        cursor = tick(instance, lake_root, tick(instance, lake_root, None).cursor).cursor
+    with dg.instance_for_test() as restarted:  # a new daemon process, same stored cursor
+        result = tick(restarted, lake_root, cursor)
+        assert result.run_requests == []
+        time.sleep(0.01)
+        land(landing, "b2", names=("a.png", "b.png", "new.png"))
+        result = tick(restarted, lake_root, tick(restarted, lake_root, result.cursor).cursor)
+        assert [r.partition_key for r in result.run_requests] == ["b2"]
+
+
+def test_cursor_stays_small_for_many_files(tmp_path):
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    for batch in range(3):
+        folder = landing / f"b{batch}" / "functional"
+        folder.mkdir(parents=True)
+        for index in range(2000):
+            (folder / f"{index}.png").write_bytes(b"x")
+    with dg.instance_for_test() as instance:
+        cursor = tick(instance, lake_root, tick(instance, lake_root, None).cursor).cursor
+    assert len(json.loads(cursor)["requested"]) == 3
+    assert len(cursor) < 200  # one short fingerprint per batch, not per file
