@@ -29,3 +29,23 @@ def spark():
 def elpv_sample() -> pd.DataFrame:
     """40 real ELPV cells (PNG bytes), labelled functional / defective."""
     return training_data.elpv_raw_rows(count=40, batch="elpv-sample")
+
+
+@pytest.fixture(scope="session")
+def feature_files(tmp_path_factory):
+    """Two image_features partitions (300 synthetic 48px cells -> 32x32 tensors), as the training input."""
+    import pyarrow.fs as pafs
+
+    from dgx_assets.training.dataset import FeatureFiles
+    from dgx_assets.training.features import FeatureConfig
+
+    root = tmp_path_factory.mktemp("lake") / "image_features"
+    paths = training_data.write_feature_partitions(root, FeatureConfig(image_height=32, image_width=32), rows_per_batch=150)
+    return FeatureFiles(pafs.LocalFileSystem(), tuple(str(p) for p in paths))
+
+
+@pytest.fixture
+def small_train_config():
+    from dgx_assets.training.train import TrainConfig
+
+    return TrainConfig(width=8, epochs=4, batch_size=16, patience=4)

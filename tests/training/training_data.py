@@ -92,3 +92,17 @@ def write_raw_partition(rows: pd.DataFrame, folder: Path) -> Path:
     table = pa.Table.from_pandas(rows, schema=RAW_SCHEMA, preserve_index=False)
     pq.write_table(table, folder / "part-00000.parquet")
     return folder
+
+
+def write_feature_partitions(root: Path, config, rows_per_batch: int, batches=("b0", "b1")) -> list[Path]:
+    """image_features partitions computed by the real feature code from synthetic raw rows."""
+    from dgx_assets.training.features import compute_features
+
+    paths = []
+    for seed, batch in enumerate(batches):
+        features = compute_features(synthetic_raw_rows(rows_per_batch, batch, seed=seed), config)
+        folder = root / f"batch={batch}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(features, preserve_index=False), folder / "part-00000.parquet")
+        paths.append(folder / "part-00000.parquet")
+    return paths

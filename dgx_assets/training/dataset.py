@@ -1,0 +1,142 @@
+"""Stream image_features Parquet files into ``tf.data`` without loading the dataset into memory.
+
+Only the small columns (label, split, status, shape) are scanned up front, to learn the classes, the
+split sizes and the tensor shape. Tensors are then read record batch by record batch with the split
+filter pushed into the Parquet scan, and handed to TensorFlow one example at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+
+SPLITS = ("train", "validation", "test")
+_SCAN_ROWS = 256
+
+
+class FeatureDataError(ValueError):
+    """The image_features files cannot train a classifier; the message says what to fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureFiles:
+    """The exact Parquet files a training run reads, on one filesystem."""
+
+    filesystem: pafs.FileSystem
+    paths: tuple[str, ...]
+
+    def dataset(self) -> pads.Dataset:
+        return pads.dataset(list(self.paths), filesystem=self.filesystem, format="parquet")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureIndex:
+    class_names: tuple[str, ...]
+    tensor_shape: tuple[int, int, int]
+    counts: dict[str, dict[str, int]]  # split -> label -> usable rows
+    failed_rows: int  # rows image_features could not turn into tensors (skipped)
+
+    def rows(self, split: str) -> int:
+        return sum(self.counts.get(split, {}).values())
+
+    def label_counts(self, split: str) -> list[int]:
+        return [self.counts.get(split, {}).get(name, 0) for name in self.class_names]
+
+    def class_weights(self) -> dict[int, float]:
+        """Inverse class frequency on the training split, normalised so a balanced set gets 1.0."""
+        counts = self.label_counts("train")
+        total, classes = sum(counts), len(counts)
+        return {i: (total / (classes * n) if n else 0.0) for i, n in enumerate(counts)}
+
+
+def scan_features(files: FeatureFiles) -> FeatureIndex:
+    """Classes, per-split counts and the tensor shape, from the small columns only."""
+    if not files.paths:
+        raise FeatureDataError("no image_features Parquet files to train on: materialize image_features first")
+    table = files.dataset().to_table(columns=["label", "split", "feature_status", "tensor_shape"])
+    ok = [status == "ok" for status in table.column("feature_status").to_pylist()]
+    labels = table.column("label").to_pylist()
+    splits = table.column("split").to_pylist()
+    shapes = {tuple(shape) for shape, good in zip(table.column("tensor_shape").to_pylist(), ok) if good}
+    if len(shapes) != 1:
+        raise FeatureDataError(
+            f"image_features partitions hold tensors of different shapes {sorted(shapes)}: "
+            "re-materialize every image_features partition with the same image_height/image_width/channels"
+            if shapes
+            else "image_features holds no usable tensors (every row has feature_status 'error')"
+        )
+    counts: dict[str, Counter] = {split: Counter() for split in SPLITS}
+    for label, split, good in zip(labels, splits, ok):
+        if good and split in counts:
+            counts[split][label] += 1
+    class_names = tuple(sorted({label for label, good in zip(labels, ok) if good}))
+    index = FeatureIndex(
+        class_names=class_names,
+        tensor_shape=tuple(int(d) for d in shapes.pop()),
+        counts={split: dict(sorted(c.items())) for split, c in counts.items()},
+        failed_rows=ok.count(False),
+    )
+    if len(class_names) < 2:
+        raise FeatureDataError(f"need at least two labels to train a classifier, found {list(class_names)}")
+    for split in SPLITS:
+        if index.rows(split) == 0:
+            raise FeatureDataError(f"the {split!r} split of image_features is empty: ingest more images")
+    missing = [name for name, n in zip(class_names, index.label_counts("train")) if n == 0]
+    if missing:
+        raise FeatureDataError(f"labels {missing} have no training images")
+    return index
+
+
+def make_dataset(
+    files: FeatureFiles,
+    index: FeatureIndex,
+    split: str,
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    augment: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 2048,
+) -> Any:
+    """Batches of (float32 pixels 0..255, int32 label index) for ``split``."""
+    import tensorflow as tf
+
+    label_ids = {name: i for i, name in enumerate(index.class_names)}
+    scan_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
+    shape = index.tensor_shape
+    epochs = iter(range(1 << 30))
+
+    def examples():
+        # A new file order each epoch, the same sequence of orders on every run with this seed.
+        rng = np.random.default_rng([seed, next(epochs)])
+        paths = list(files.paths)
+        if shuffle:
+            rng.shuffle(paths)
+        dataset = pads.dataset(paths, filesystem=files.filesystem, format="parquet")
+        for batch in dataset.to_batches(
+            columns=["tensor", "label"], filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False
+        ):
+            for tensor, label in zip(batch.column("tensor").to_pylist(), batch.column("label").to_pylist()):
+                yield np.frombuffer(tensor, dtype=np.uint8).reshape(shape), label_ids[label]
+
+    data = tf.data.Dataset.from_generator(
+        examples,
+        output_signature=(tf.TensorSpec(shape, tf.uint8), tf.TensorSpec((), tf.int32)),
+    ).apply(tf.data.experimental.assert_cardinality(index.rows(split)))
+    if shuffle:
+        data = data.shuffle(min(shuffle_buffer, index.rows(split)), seed=seed, reshuffle_each_iteration=True)
+
+    def to_model_input(image, label):
+        image = tf.cast(image, tf.float32)
+        if augment:
+            # Cells and wafers have no preferred orientation: flips are label-preserving.
+            image = tf.image.random_flip_left_right(image, seed=seed)
+            image = tf.image.random_flip_up_down(image, seed=seed + 1)
+        return image, label
+
+    return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,118 @@
+"""Training on image_features files: streaming, class weights, determinism, resume after interruption."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from dgx_assets.training.dataset import FeatureDataError, FeatureFiles, make_dataset, scan_features
+from dgx_assets.training.model import ModelConfigError
+from dgx_assets.training.train import TrainConfig, classification_report, train_classifier
+
+
+def test_scan_counts_classes_and_splits_from_small_columns(feature_files):
+    index = scan_features(feature_files)
+
+    assert index.class_names == ("defective", "functional") and index.tensor_shape == (32, 32, 1)
+    assert sum(index.rows(s) for s in ("train", "validation", "test")) == 300
+    weights = index.class_weights()
+    defective, functional = index.label_counts("train")
+    assert defective < functional and weights[0] > 1.0 > weights[1]  # the rarer class weighs more
+    assert weights[0] * defective == pytest.approx(weights[1] * functional)
+
+
+def test_dataset_streams_every_row_of_a_split_once(feature_files):
+    index = scan_features(feature_files)
+    seen = []
+    for images, labels in make_dataset(feature_files, index, "validation", batch_size=7):
+        assert images.dtype.name == "float32" and images.shape[1:] == (32, 32, 1)
+        assert 0.0 <= float(images.numpy().min()) and float(images.numpy().max()) <= 255.0
+        seen.extend(labels.numpy().tolist())
+    assert len(seen) == index.rows("validation")
+    assert np.bincount(seen, minlength=2).tolist() == index.label_counts("validation")
+
+
+def test_mixed_tensor_shapes_are_refused(feature_files, tmp_path):
+    import training_data
+    from dgx_assets.training.features import FeatureConfig
+
+    other = training_data.write_feature_partitions(tmp_path, FeatureConfig(image_height=40, image_width=40), 30, ("b9",))
+    mixed = FeatureFiles(feature_files.filesystem, feature_files.paths + (str(other[0]),))
+    with pytest.raises(FeatureDataError, match="different shapes"):
+        scan_features(mixed)
+
+
+def test_training_is_deterministic_and_beats_the_majority_baseline(feature_files, small_train_config, tmp_path):
+    first = train_classifier(feature_files, small_train_config, str(tmp_path / "ckpt-a"))
+    second = train_classifier(feature_files, small_train_config, str(tmp_path / "ckpt-b"))
+
+    assert first.test.metrics == second.test.metrics  # same data + config -> same numbers
+    assert first.strategy == "MirroredStrategy" and first.replicas == 1 and first.precision_policy == "float32"
+    assert first.epochs == [0, 1, 2, 3] and first.resumed_from_epoch == 0
+    metrics = first.test.metrics
+    assert metrics["accuracy"] > metrics["majority_baseline_accuracy"]
+    assert 0.5 < metrics["roc_auc"] <= 1.0
+    assert set(metrics) >= {"precision_defective", "recall_functional", "f1_defective", "macro_f1"}
+    assert np.asarray(first.test.confusion_matrix).sum() == scan_features(feature_files).rows("test")
+
+
+class _SpotNodeReclaimed(RuntimeError):
+    pass
+
+
+class _InterruptAfter(keras.callbacks.Callback):
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise _SpotNodeReclaimed(f"node reclaimed after epoch {epoch}")
+
+
+def test_interrupted_training_resumes_from_the_last_finished_epoch(feature_files, small_train_config, tmp_path):
+    checkpoints = str(tmp_path / "ckpt")
+    config = dataclasses.replace(small_train_config, epochs=4, patience=4)
+    with pytest.raises(_SpotNodeReclaimed):
+        train_classifier(feature_files, config, checkpoints, extra_callbacks=[_InterruptAfter(epoch=1)])
+
+    resumed = train_classifier(feature_files, config, checkpoints)
+
+    assert resumed.resumed_from_epoch == 2 and resumed.epochs == [2, 3]
+    assert len(resumed.history["loss"]) == 2
+    # A finished run removes its checkpoint: the next run starts fresh.
+    assert not list((tmp_path / "ckpt").glob("**/*.keras")) and not list((tmp_path / "ckpt").glob("**/*.json"))
+
+
+def test_bad_training_settings_name_the_setting(feature_files, tmp_path):
+    with pytest.raises(ModelConfigError, match="'backbone'.*mobilenet_small"):
+        train_classifier(feature_files, TrainConfig(backbone="vgg99"), str(tmp_path))
+    with pytest.raises(ModelConfigError, match="'weights_path'"):
+        train_classifier(feature_files, TrainConfig(weights_path=str(tmp_path / "missing.weights.h5")), str(tmp_path))
+    with pytest.raises(ModelConfigError, match="'learning_rate'"):
+        train_classifier(feature_files, TrainConfig(learning_rate=0), str(tmp_path))
+
+
+def test_weights_file_initialises_the_backbone(feature_files, tmp_path):
+    from dgx_assets.training.model import ModelConfig, build_backbone
+
+    donor = build_backbone(ModelConfig(width=8), (32, 32, 1))
+    donor.set_weights([w + 0.5 for w in donor.get_weights()])
+    path = tmp_path / "backbone.weights.h5"
+    donor.save_weights(path)
+
+    loaded = build_backbone(ModelConfig(width=8, weights_path=str(path)), (32, 32, 1))
+    assert all(np.array_equal(a, b) for a, b in zip(donor.get_weights(), loaded.get_weights()))
+
+
+def test_report_on_known_predictions():
+    probabilities = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+    report = classification_report(np.array([0, 1, 1, 1]), probabilities, ["bad", "good"], train_label_counts=[1, 9])
+
+    assert report.metrics["accuracy"] == 0.75 and report.metrics["majority_baseline_accuracy"] == 0.75
+    assert report.metrics["recall_good"] == pytest.approx(2 / 3) and report.metrics["precision_bad"] == 0.5
+    assert report.metrics["roc_auc"] == 1.0
+    assert report.confusion_matrix == [[1, 0], [1, 2]]
