@@ -25,7 +25,11 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path) -> 
     import great_expectations as gx
 
     gx_root.mkdir(parents=True, exist_ok=True)
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     context = gx.get_context(mode="file", project_root_dir=str(gx_root))
+    # GE's tqdm bars would flood the Dagster run log (it captures stderr) with carriage returns.
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     source = context.data_sources.add_or_update_spark(name="dgx_spark")
     asset = _get_or_add(source.get_asset, source.add_dataframe_asset, suite_name)
     batch_definition = _get_or_add(

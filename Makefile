@@ -1,0 +1,55 @@
+# dgx_assets: `make demo` runs the whole pipeline locally, `make test` runs the test suite.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+# The local Dagster instance is this folder's dagster.yaml; state lives under .dgx/.
+export DAGSTER_HOME := $(CURDIR)
+export SPARK_LOCAL_IP := 127.0.0.1
+export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(PY)
+export MLFLOW_DISABLE_TELEMETRY := true
+export GX_ANALYTICS_ENABLED := false
+export DAGSTER_DISABLE_TELEMETRY := true
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: demo test dev mlflow-ui bench bench-quick e2e validate lock clean
+
+# Creates the environment when missing or when the pins change; constraints.txt keeps installs reproducible.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[demo,test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	mkdir -p .dgx
+	$(VENV)/bin/dgx-assets demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The Dagster UI and daemon on 127.0.0.1:3000 (sensor and schedule run while it is up). Ctrl-C stops it.
+dev: $(VENV)/.installed
+	mkdir -p .dgx
+	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+mlflow-ui: $(VENV)/.installed
+	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(CURDIR)/.dgx/mlflow.db
+
+validate: $(VENV)/.installed
+	$(VENV)/bin/dagster definitions validate -w workspace.yaml
+
+bench: $(VENV)/.installed
+	$(PY) -m bench.run_all
+
+bench-quick: $(VENV)/.installed
+	$(PY) -m bench.run_all --quick
+
+# Regenerates the lock from the current environment after a deliberate upgrade.
+lock:
+	$(PY) -m pip freeze --exclude-editable | grep -v '^dgx.assets' > constraints.txt
+
+clean:
+	rm -rf .dgx

@@ -1,0 +1,107 @@
+"""Seeding the landing zone with the ELPV solar-cell images (the `demo` extra), as a camera line would."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from dgx_assets.lake import filesystem_for
+
+DEFECT_THRESHOLD = 0.5  # ELPV gives expert defect probabilities 0, 1/3, 2/3, 1
+
+
+def elpv_records(limit: int | None = None) -> list[dict]:
+    """The ELPV images as files on disk with their label and cell type, in the package's order."""
+    try:
+        import elpv_dataset
+    except ImportError as error:
+        raise RuntimeError("seed-demo needs the ELPV images: pip install -e '.[demo]' (elpv-dataset)") from error
+    data_dir = Path(elpv_dataset.__file__).parent / "data"
+    records = []
+    with open(data_dir / "labels.csv") as labels:
+        for line in labels:
+            parts = line.split()
+            if len(parts) != 3:
+                continue
+            path, probability, cell_type = parts[0], float(parts[1]), parts[2]
+            records.append(
+                {
+                    "file": data_dir / path,
+                    "label": "defective" if probability >= DEFECT_THRESHOLD else "functional",
+                    "cell_type": cell_type,
+                    "probability": probability,
+                }
+            )
+    return records[:limit] if limit else records
+
+
+def seed_landing(landing_uri: str, batches: int = 3, limit: int | None = None) -> dict[str, int]:
+    """Copy ELPV images (their original PNG bytes) into `<landing>/<batch>/<label>/<type>_<name>`."""
+    fs, root = filesystem_for(landing_uri)
+    records = elpv_records(limit)
+    counts: dict[str, int] = {}
+    for index, record in enumerate(records):
+        batch = f"elpv-{index * batches // len(records) + 1:02d}"
+        folder = posixpath.join(root, batch, record["label"])
+        fs.create_dir(folder, recursive=True)
+        target = posixpath.join(folder, f"{record['cell_type']}_{record['file'].name}")
+        # Write aside and rename, as a well-behaved uploader does, so a sensor never sees half a file.
+        with fs.open_output_stream(target + "._COPYING_") as out:
+            out.write(record["file"].read_bytes())
+        fs.move(target + "._COPYING_", target)
+        counts[batch] = counts.get(batch, 0) + 1
+    return counts
+
+
+def run_demo(limit: int | None = None, batches: int = 3) -> int:
+    """`make demo`: seed the landing zone if it is empty, then materialize every asset on the local default."""
+    import time
+
+    import dagster as dg
+
+    from dgx_assets import settings
+    from dgx_assets.definitions import defs
+    from dgx_assets.ingest.landing import scan_landing
+    from dgx_assets.partitions import image_batches
+
+    landing = settings.landing_uri()
+    if not scan_landing(landing):
+        from dgx_assets.generation.prompts import write_demo_prompts
+
+        counts = seed_landing(landing, batches=batches, limit=limit)
+        write_demo_prompts(settings.prompts_uri())
+        print(f"Seeded {sum(counts.values())} ELPV images into {landing} ({len(counts)} batches)")
+    ready = [name for name, state in scan_landing(landing).items() if state.complete]
+
+    instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the repository's dagster.yaml, so the UI shows these runs
+    instance.add_dynamic_partitions(image_batches.name, ready)
+    graph = defs.resolve_asset_graph()
+    keys = [key for key in graph.get_all_asset_keys() if graph.get(key).is_materializable]
+    per_batch = [key for key in keys if graph.get(key).partitions_def is not None]
+    whole = [key for key in keys if graph.get(key).partitions_def is None]
+    job = defs.resolve_implicit_global_asset_job_def()
+
+    timings, failed = {}, []
+    for batch in ready:
+        started = time.perf_counter()
+        result = job.execute_in_process(
+            instance=instance, partition_key=batch, asset_selection=per_batch, raise_on_error=False
+        )
+        timings[f"batch {batch}"] = time.perf_counter() - started
+        failed += [] if result.success else [f"batch {batch} (run {result.run_id})"]
+    if whole:
+        started = time.perf_counter()
+        result = job.execute_in_process(instance=instance, asset_selection=whole, raise_on_error=False)
+        timings["whole-dataset assets"] = time.perf_counter() - started
+        failed += [] if result.success else [f"whole-dataset assets (run {result.run_id})"]
+
+    lake = settings.lake_root()
+    print("\nDone in " + ", ".join(f"{name}: {seconds:.0f}s" for name, seconds in timings.items()))
+    print(f"Lake (Parquet tables, models, report): {lake}")
+    print(f"Quality report: {lake}/quality_report/report.html")
+    print(f"MLflow: {settings.mlflow_tracking_uri()}  (browse with: make mlflow-ui)")
+    print("Dagster UI with these runs: make dev, then http://127.0.0.1:3000")
+    if failed:
+        print("FAILED: " + "; ".join(failed) + " -- open the run in the Dagster UI (make dev) for the reason")
+        return 1
+    return 0
