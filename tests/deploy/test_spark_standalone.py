@@ -1,0 +1,193 @@
+"""A real Spark Standalone cluster on 127.0.0.1, configured by deploy/spark, driven by the project's
+SparkResource in its `standalone` profile through Dagster.
+
+The master and the worker come from the pyspark package (`spark-class`) with SPARK_CONF_DIR=deploy/spark,
+so the worker takes its GPUs from spark-env.sh and gpu-discovery.sh exactly as on a DGX node; only the
+GPUs are fake (DGX_GPU_DISCOVERY_OVERRIDE), of which the operator allows two (DGX_ALLOWED_GPUS=4,5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+import dagster as dg
+import pyspark
+import pytest
+from deploy_files import DEPLOY
+
+from dgx_assets.spark.resource import SparkResource
+
+PRESENT_GPUS = "0,1,2,3,4,5,6,7"
+ALLOWED_GPUS = ["4", "5"]
+SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, logs: list[Path]):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs if log.exists())
+    raise AssertionError(f"timed out waiting for {what}\n{tails}")
+
+
+def master_state(webui_port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{webui_port}/json/", timeout=2) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path):
+    """Master and one worker (2 cores, the allowed fake GPUs); stopped by PID afterwards."""
+    master_port, master_ui, worker_port, worker_ui = (free_port() for _ in range(4))
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_CLASS.parent.parent),
+        "SPARK_CONF_DIR": str(DEPLOY / "spark"),  # spark-class sources spark-env.sh from here
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "SPARK_LOCAL_DIRS": str(tmp_path / "local"),
+        "SPARK_WORKER_CORES": "2",
+        "SPARK_WORKER_MEMORY": "2g",
+        "SPARK_DAEMON_MEMORY": "512m",
+        "DGX_GPU_DISCOVERY_OVERRIDE": PRESENT_GPUS,
+        "DGX_ALLOWED_GPUS": ",".join(ALLOWED_GPUS),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    processes: list[subprocess.Popen] = []
+    logs = [tmp_path / "master.log", tmp_path / "worker.log"]
+
+    def start(log: Path, *args: str) -> None:
+        with log.open("w") as out:
+            # spark-class execs the JVM, so this PID is the daemon's own.
+            processes.append(subprocess.Popen([str(SPARK_CLASS), *args], env=env, stdout=out,
+                                              stderr=subprocess.STDOUT, cwd=tmp_path))
+
+    try:
+        start(logs[0], "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+              "--port", str(master_port), "--webui-port", str(master_ui))
+        wait_for(lambda: master_state(master_ui), 90, "the master", logs)
+        master_url = f"spark://127.0.0.1:{master_port}"
+        start(logs[1], "org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
+              "--port", str(worker_port), "--webui-port", str(worker_ui))
+        state = wait_for(lambda: (s := master_state(master_ui)) and s["aliveworkers"] == 1 and s, 90,
+                         "the worker to register", logs)
+        yield master_url, state, logs
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def gpu_binding_probe():
+    """Executor side: what Spark assigned each task, and what the binding in gpu.py made of it.
+
+    Built in a function so that cloudpickle ships its code by value: executors cannot import tests.
+    """
+
+    def probe(batches):
+        import pandas as pd
+
+        from dgx_assets.spark.gpu import bind_task_gpus, task_gpu_addresses
+
+        started = time.time()
+        own = task_gpu_addresses()
+        binding = bind_task_gpus()  # sets CUDA_VISIBLE_DEVICES before anything could import TensorFlow
+        time.sleep(1.0)  # keep both executors busy at once
+        for _ in batches:
+            yield pd.DataFrame({
+                # An executor's working directory is <SPARK_WORKER_DIR>/<app id>/<executor id>.
+                "executor": [os.path.basename(os.getcwd())],
+                "pid": [os.getpid()],
+                "own": [",".join(own)],
+                "visible": [os.environ.get("CUDA_VISIBLE_DEVICES")],
+                "label": [binding.device_label],
+                "started": [started],
+                "ended": [time.time()],
+            })
+
+    return probe
+
+
+@pytest.mark.timeout(300)
+def test_standalone_tasks_each_get_and_bind_their_own_gpu(standalone_cluster, tmp_path):
+    master_url, state, logs = standalone_cluster
+    [worker] = state["workers"]
+    # spark-env.sh offered two GPUs and gpu-discovery.sh reported exactly the allowed ones.
+    assert worker["state"] == "ALIVE"
+    assert sorted(worker["resources"]["gpu"]["addresses"]) == ALLOWED_GPUS
+
+    spark = SparkResource(
+        deployment="standalone",
+        master=master_url,
+        spark_conf={
+            # Sized for a 2-core test machine: two executors of one core and one GPU each, one GPU per task.
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "512m",
+            "spark.task.resource.gpu.amount": "1",
+            "spark.cores.max": "2",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.eventLog.enabled": "false",
+            "spark.pyspark.python": sys.executable,
+        },
+    )
+    assert spark.spark_config["spark.executor.resource.gpu.amount"] == "1"  # from the profile itself
+
+    @dg.asset
+    def gpu_probe(spark: SparkResource) -> list[dict]:
+        session = spark.spark_session
+        schema = "executor string, pid long, own string, visible string, label string, started double, ended double"
+        rows = session.range(0, 8, 1, 8).mapInPandas(gpu_binding_probe(), schema).collect()
+        return [row.asDict() for row in rows]
+
+    try:
+        result = dg.materialize([gpu_probe], resources={"spark": spark})
+        rows = result.output_for_node("gpu_probe")
+    finally:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate().stop()  # the resource's session; the cluster goes next
+
+    assert len(rows) == 8
+    for row in rows:
+        assert row["own"] in ALLOWED_GPUS, row  # exactly one allowed GPU per task
+        assert row["visible"] == row["own"], row  # gpu.py applied it before TensorFlow could start
+        assert row["label"] == f"gpu:{row['own']}"
+    gpu_of_executor = {}
+    for row in rows:
+        gpu_of_executor.setdefault(row["executor"], set()).add(row["own"])
+    # Two executors, each holding one GPU for its whole life, different from the other's.
+    assert len(gpu_of_executor) == 2, gpu_of_executor
+    assert all(len(gpus) == 1 for gpus in gpu_of_executor.values())
+    assert set().union(*gpu_of_executor.values()) == set(ALLOWED_GPUS)
+    # Tasks that ran at the same time never shared a GPU.
+    overlapping = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]
+                   if a["started"] < b["ended"] and b["started"] < a["ended"]]
+    assert overlapping, "the two executors never ran tasks concurrently"
+    assert all(a["own"] != b["own"] for a, b in overlapping)
