@@ -1,0 +1,73 @@
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+
+from dgx_assets.reporting import collect, render
+from dgx_assets.reporting.verdict import decide
+from dgx_assets.resources import LakeResource, MlflowResource
+
+UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "ernie_generated_images"]
+
+
+# Sums up every other asset and its checks into one page: fit to use, or what to fix.
+@dg.asset(
+    deps=UPSTREAM,
+    group_name="reporting",
+    kinds={"html", "mlflow"},
+    owners=["team:data-platform"],
+    code_version="1",
+    description=(
+        "One self-contained HTML page under <lake>/quality_report/: ingestion per batch, Great Expectations results, "
+        "image statistics with drift, model metrics against baseline and yardsticks, the edge model's parity, "
+        "generated images, the hardware baseline, and a pass/warn/fail verdict from the checks."
+    ),
+)
+def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
+    store = lake.lake
+    check_keys = sorted(context.repository_def.asset_graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
+    data = collect.ReportData(
+        batches=collect.ingestion(store),
+        checks=collect.check_outcomes(context.instance, check_keys),
+        ge_data_docs=collect.data_docs_url(context.instance, check_keys),
+        model=collect.model_info(store),
+        edge=collect.latest_metadata(context.instance, dg.AssetKey("edge_model")),
+        generated=collect.generated_images(store),
+    )
+    data.statistics, data.drift = collect.image_statistics(store)
+    run_id = (data.model or {}).get("mlflow_run_id")
+    if run_id:
+        data.curves, data.hardware = collect.mlflow_details(mlflow.resolved_tracking_uri, run_id)
+    present = {"raw_images": data.batches, "image_features": data.statistics, "trained_model": data.model,
+               "edge_model": data.edge, "ernie_generated_images": data.generated}
+    data.missing = [name for name, value in present.items() if not value]
+    verdict = decide(data.checks, [f"{d['statistic']} of batch {d['batch']} (KS {d['ks']})" for d in data.drift], data.missing)
+
+    links = {}
+    if data.model:
+        links["MLflow run"] = data.model.get("mlflow_run_url") or f"{mlflow.resolved_tracking_uri} run {run_id}"
+        links["model version"] = data.model.get("model_uri", "")
+    page = render.render_html(data, verdict, links)
+    report_uri = store.uri("quality_report", "report.html")
+    store.write_bytes(report_uri, page.encode())
+    if run_id:
+        _log_to_mlflow(mlflow.resolved_tracking_uri, run_id, page)
+    context.log.info(f"quality report: {verdict.level} -> {report_uri}")
+    return dg.MaterializeResult(
+        metadata={
+            "verdict": verdict.level,
+            "reasons": dg.MetadataValue.json(verdict.reasons),
+            "summary": dg.MetadataValue.md(render.render_markdown(data, verdict, report_uri)),
+            "path": dg.MetadataValue.path(report_uri),
+            "checks_evaluated": len(data.checks),
+        }
+    )
+
+
+def _log_to_mlflow(tracking_uri: str, run_id: str, page: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "quality_report.html"
+        path.write_text(page)
+        MlflowClient(tracking_uri=tracking_uri).log_artifact(run_id, str(path), "quality_report")

@@ -1,0 +1,164 @@
+"""Gathering what the other assets left: their tables in the lake, check results in Dagster, the MLflow run.
+
+Every reader returns None (or an empty value) when its asset has not been built yet, so a report can be
+made at any point; the verdict then says what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pyarrow.dataset as ds
+
+from dgx_assets.ingest import tables
+from dgx_assets.lake import Lake
+from dgx_assets.reporting.verdict import CheckOutcome
+
+IMAGE_STATISTICS = ("brightness", "contrast", "sharpness")
+DRIFT_KS_LIMIT = 0.3  # two-sample Kolmogorov-Smirnov statistic above which a batch is flagged
+DRIFT_P_VALUE = 0.01
+
+
+@dataclass
+class ReportData:
+    batches: dict[str, dict] = field(default_factory=dict)
+    checks: list[CheckOutcome] = field(default_factory=list)
+    ge_data_docs: str | None = None
+    statistics: dict[str, dict] = field(default_factory=dict)  # name -> {"reference": [...], "per_batch": {...}}
+    drift: list[dict] = field(default_factory=list)
+    model: dict | None = None  # trained_model's model_info.json
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    hardware: dict | None = None
+    edge: dict | None = None  # edge_model's latest materialization metadata
+    generated: dict | None = None  # status counts and sample images per label
+    missing: list[str] = field(default_factory=list)
+
+
+def ingestion(lake: Lake) -> dict[str, dict]:
+    summaries = {}
+    for batch in lake.partitions("raw_images"):
+        table = tables.read_partition_summary(lake, lake.asset_uri("raw_images", batch))
+        if table is not None:
+            summaries[batch] = tables.summarize(table)
+    return summaries
+
+
+def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
+    """The latest result of every check, per partition for partitioned checks."""
+    outcomes = []
+    for key in check_keys:
+        latest: dict[str | None, object] = {}
+        for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=200):
+            evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
+            if evaluation is None or not hasattr(evaluation, "passed"):
+                continue  # planned or still running
+            latest.setdefault(record.partition, evaluation)
+        for partition, evaluation in sorted(latest.items(), key=lambda item: item[0] or ""):
+            metadata = evaluation.metadata or {}
+            summary = metadata.get("what_to_fix")
+            outcomes.append(
+                CheckOutcome(
+                    asset=key.asset_key.to_user_string(),
+                    check=key.name,
+                    partition=partition,
+                    passed=bool(evaluation.passed),
+                    severity=evaluation.severity.value,
+                    summary=str(summary.value) if summary is not None and summary.value else "",
+                )
+            )
+    return outcomes
+
+
+def data_docs_url(instance, check_keys) -> str | None:
+    for key in check_keys:
+        for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=1):
+            evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
+            docs = (getattr(evaluation, "metadata", None) or {}).get("ge_data_docs")
+            if docs is not None:
+                return docs.value
+    return None
+
+
+def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
+    """Per-batch image statistics from image_features, and the batches that drifted from the training data."""
+    from scipy.stats import ks_2samp
+
+    files = lake.data_files(lake.asset_uri("image_features"))
+    if not files:
+        return {}, []
+    base = lake.fs_path(lake.asset_uri("image_features"))
+    dataset = ds.dataset(files, filesystem=lake.fs, format="parquet", partitioning="hive", partition_base_dir=base)
+    rows = dataset.to_table(columns=["batch", "split", *IMAGE_STATISTICS]).to_pydict()
+    batches = [str(batch) for batch in rows["batch"]]
+    statistics, drift = {}, []
+    for name in IMAGE_STATISTICS:
+        reference = [v for v, split in zip(rows[name], rows["split"]) if split == "train" and v is not None]
+        per_batch: dict[str, list[float]] = {}
+        for value, batch in zip(rows[name], batches):
+            if value is not None:
+                per_batch.setdefault(batch, []).append(value)
+        statistics[name] = {"reference": reference, "per_batch": dict(sorted(per_batch.items()))}
+        for batch, values in sorted(per_batch.items()):
+            if len(values) < 5 or len(reference) < 5:
+                continue
+            result = ks_2samp(values, reference)
+            if result.statistic > DRIFT_KS_LIMIT and result.pvalue < DRIFT_P_VALUE:
+                drift.append({"batch": batch, "statistic": name, "ks": round(float(result.statistic), 3),
+                              "p_value": float(result.pvalue)})
+    return statistics, drift
+
+
+def model_info(lake: Lake) -> dict | None:
+    uri = lake.uri("trained_model", "model_info.json")
+    return json.loads(lake.read_bytes(uri)) if lake.exists(uri) else None
+
+
+def mlflow_details(tracking_uri: str, run_id: str) -> tuple[dict, dict | None]:
+    """Per-epoch curves and the hardware baseline logged with the training run."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    run = client.get_run(run_id)
+    curves = {}
+    for key in sorted(run.data.metrics):
+        if key in ("loss", "val_loss", "accuracy", "val_accuracy"):
+            curves[key] = [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        hardware = mlflow.artifacts.load_dict(f"runs:/{run_id}/hardware/baseline.json")
+    except Exception:  # an older run without the baseline artifact
+        hardware = None
+    return curves, hardware
+
+
+def latest_metadata(instance, asset_key) -> dict | None:
+    event = instance.get_latest_materialization_event(asset_key)
+    if event is None:
+        return None
+    metadata = event.asset_materialization.metadata
+    return {key: getattr(value, "value", value) for key, value in metadata.items()}
+
+
+def generated_images(lake: Lake, samples_per_label: int = 6) -> dict | None:
+    files = lake.data_files(lake.asset_uri("ernie_generated_images"))
+    if not files:
+        return None
+    dataset = ds.dataset(files, filesystem=lake.fs, format="parquet")
+    columns = set(dataset.schema.names)
+    summary = dataset.to_table(columns=[c for c in ("status", "label") if c in columns]).to_pydict()
+    counts: dict[str, int] = {}
+    for status in summary.get("status", []):
+        counts[status] = counts.get(status, 0) + 1
+    image_column = next((c for c in ("image", "image_bytes", "png", "content") if c in columns), None)
+    samples: dict[str, list[bytes]] = {}
+    if image_column and "label" in columns:
+        for batch in dataset.to_batches(columns=["label", "status", image_column], batch_size=64):
+            for row in batch.to_pylist():
+                label = row["label"] or "(no label)"
+                if row["status"] == "valid" and row[image_column] and len(samples.setdefault(label, [])) < samples_per_label:
+                    samples[label].append(row[image_column])
+            if samples and all(len(v) >= samples_per_label for v in samples.values()):
+                break
+    return {"status_counts": dict(sorted(counts.items())), "samples": samples, "rows": len(summary.get("status", []))}

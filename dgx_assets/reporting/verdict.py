@@ -1,0 +1,40 @@
+"""The report's overall verdict, from the asset checks' latest results and a few data signals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    asset: str
+    check: str
+    partition: str | None
+    passed: bool
+    severity: str  # "ERROR" blocks downstream; "WARN" does not
+    summary: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.asset}[{self.partition}]" if self.partition else self.asset
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: str  # pass / warn / fail
+    reasons: list[str]
+
+
+def decide(checks: list[CheckOutcome], drifted: list[str], missing: list[str]) -> Verdict:
+    """fail: a blocking (ERROR) check failed. warn: a warning check failed, drift, or an asset not built yet."""
+    failed = [c for c in checks if not c.passed and c.severity == "ERROR"]
+    warned = [c for c in checks if not c.passed and c.severity != "ERROR"]
+    reasons = [f"blocking check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in failed]
+    reasons += [f"warning check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in warned]
+    reasons += [f"image statistics drifted: {d}" for d in drifted]
+    reasons += [f"{asset} has not been materialized" for asset in missing]
+    if failed:
+        return Verdict("fail", reasons)
+    if reasons:
+        return Verdict("warn", reasons)
+    return Verdict("pass", [f"all {len(checks)} check results passed, no drift, every asset present"])
