@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from urllib.parse import urlparse
 
@@ -53,7 +54,7 @@ def test_kustomization_lists_every_manifest_and_the_serving_config():
     assert listed == {f"k8s/{path.name}" for path in K8S_DIR.glob("*.yaml")}
     [generator] = kustomization["configMapGenerator"]
     for file in generator["files"]:
-        assert (DEPLOY / file).is_file(), f"{file} (the serving engineer's config) is missing under deploy/"
+        assert (DEPLOY / file).is_file(), f"{file} (the serving process's config) is missing under deploy/"
     # The serving pods mount the generated ConfigMap under the name the generator gives it.
     for name in ("ernie-serving-gpu0", "ernie-serving-gpu1"):
         volumes = {v["name"]: v for v in pod_spec(find("Deployment", name))["volumes"]}
@@ -159,17 +160,37 @@ def test_serving_command_line_matches_ports_mounts_and_secret():
     deployment = find("Deployment", "ernie-serving-gpu0")
     [container] = pod_spec(deployment)["containers"]
     args = container_args(container)
-    assert set(args) == {"--model-dir", "--host", "--port", "--config", "--token-env"}
     assert args["--host"] == "0.0.0.0"
     assert int(args["--port"]) == container["ports"][0]["containerPort"] == 9998
     mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
-    assert args["--config"].startswith(mounts["config"] + "/")
-    # The config file is mounted under the name the kustomize generator uses (the file's own name).
-    assert args["--config"].rsplit("/", 1)[1] == "ernie-serving.yaml"
+    # The generated ConfigMap holds the file under its own name.
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    [config_file] = kustomization["configMapGenerator"][0]["files"]
+    assert args["--config"] == f"{mounts['config']}/{config_file.rsplit('/', 1)[1]}"
     assert args["--model-dir"].startswith(mounts["models"] + "/")
     env = {item["name"]: item for item in container["env"]}
     token = env[args["--token-env"]]["valueFrom"]["secretKeyRef"]
     assert token == {"name": "dgx-assets-secrets", "key": args["--token-env"]}
+
+
+def test_serving_process_accepts_the_pod_command_line_and_config_file(tmp_path):
+    """The real `dgx-assets serve` parser and config loader read what the pod passes them."""
+    from dgx_assets.cli import build_parser
+    from dgx_assets.serving.config import build_config
+
+    [container] = pod_spec(find("Deployment", "ernie-serving-gpu0"))["containers"]
+    parsed = build_parser().parse_args(["serve", *container["args"]])
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    [config_file] = kustomization["configMapGenerator"][0]["files"]
+    config = build_config(str(DEPLOY / config_file), model_dir=parsed.model_dir, host=parsed.host,
+                          port=parsed.port, token_env=parsed.token_env)
+    assert (config.host, config.port) == ("0.0.0.0", container["ports"][0]["containerPort"])
+    assert config.model_dir == "/models/ernie" and config.token_env == "DGX_ERNIE_TOKEN"
+    # Inside the pod the one GPU the device plugin gave it is GPU 0.
+    assert config.gpu_ids[0] == 0
+    # The image's default command line parses too.
+    cmd = json.loads(_dockerfile_value(_dockerfile("serving"), "CMD"))
+    assert build_parser().parse_args(["serve", *cmd]).port == config.port
 
 
 def test_sglang_serves_real_ernie_image_from_the_shared_model_volume():
