@@ -28,7 +28,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 QUANTIZATIONS = ("int8", "float16", "dynamic")
-RESIZE_METHODS = ("bilinear", "nearest")  # both have int8 TFLite kernels
+# bilinear_antialias is what image_features does (tf.image.resize(..., antialias=True)); TFLite has no such
+# kernel, so it runs as two constant matrix products, exact in float and int8-friendly. The other two map
+# to TFLite's own RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR (no antialiasing: cheaper, less faithful).
+RESIZE_METHODS = ("bilinear_antialias", "bilinear", "nearest")
 SIGNATURE_KEY = "serving_default"
 INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
@@ -39,7 +42,7 @@ class EdgeConversionConfig:
     raw_height: int
     raw_width: int
     quantization: str = "int8"
-    resize_method: str = "bilinear"
+    resize_method: str = "bilinear_antialias"
     # Raw pixels are multiplied by this before the network. 1.0 is right because trained_model rescales
     # its 0..255 input itself; 1/255 here is the classic "normalised twice" edge bug the parity gate catches.
     input_scale: float = 1.0
@@ -95,14 +98,40 @@ def decode_to_raw(content: bytes, raw_height: int, raw_width: int, channels: int
     with Image.open(io.BytesIO(content)) as image:
         image.load()
         if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-            # 16-bit sensors: keep the top 8 bits rather than clipping everything above 255.
-            wide = np.asarray(image, dtype=np.uint32)
-            image = Image.fromarray((wide >> 8 if wide.max() > 255 else wide).astype(np.uint8), mode="L")
+            # 16-bit sensors: scale to 8 bits as image_features does, rather than clipping above 255.
+            wide = np.asarray(image, dtype=np.float64)
+            full_scale = 65535.0 if image.mode.startswith("I;16") else max(1.0, float(wide.max()))
+            image = Image.fromarray(np.round(wide / full_scale * 255.0).astype(np.uint8), mode="L")
         image = image.convert("L" if channels == 1 else "RGB")
         if image.size != (raw_width, raw_height):
             image = image.resize((raw_width, raw_height), Image.Resampling.BILINEAR)
         pixels = np.asarray(image, dtype=np.uint8)
     return pixels.reshape(raw_height, raw_width, channels)
+
+
+def resize_matrix(size_in: int, size_out: int) -> np.ndarray:
+    """[size_out, size_in] weights of TensorFlow's antialiased bilinear resize along one axis.
+
+    Resizing is linear and separable, so resizing the unit vectors gives its exact matrix; computing it
+    with tf.image.resize itself keeps it identical to what image_features does.
+    """
+    import tensorflow as tf
+
+    unit_columns = tf.eye(size_in)[:, :, tf.newaxis, tf.newaxis]  # batch of [size_in, 1, 1] one-hot images
+    resized = tf.image.resize(unit_columns, [size_out, 1], method="bilinear", antialias=True)
+    return resized[:, :, 0, 0].numpy().T
+
+
+def _resize_antialiased(pixels, rows: np.ndarray, columns: np.ndarray):
+    """[1, H, W, C] -> [1, height, width, C] given the two `resize_matrix`es, as TFLite matrix products."""
+    import tensorflow as tf
+
+    _, raw_height, raw_width, channels = pixels.shape
+    height, width = rows.shape[0], columns.shape[0]
+    rows, columns = tf.constant(rows), tf.constant(columns)
+    resized = tf.matmul(rows, tf.reshape(pixels, [raw_height, raw_width * channels]))
+    resized = tf.matmul(columns[tf.newaxis], tf.reshape(resized, [height, raw_width, channels]))
+    return resized[tf.newaxis]
 
 
 def _edge_function(model, config: EdgeConversionConfig, input_dtype):
@@ -111,6 +140,9 @@ def _edge_function(model, config: EdgeConversionConfig, input_dtype):
 
     height, width, channels = model_input_shape(model)
     spec = tf.TensorSpec([1, config.raw_height, config.raw_width, channels], input_dtype, name=INPUT_NAME)
+    resize = (config.raw_height, config.raw_width) != (height, width)
+    if resize and config.resize_method == "bilinear_antialias":
+        rows, columns = resize_matrix(config.raw_height, height), resize_matrix(config.raw_width, width)
 
     @tf.function(input_signature=[spec])
     def edge(image):
@@ -119,7 +151,11 @@ def _edge_function(model, config: EdgeConversionConfig, input_dtype):
             # int8 conversion replaces this float input with uint8; pinning its range to 0..255 makes
             # the uint8 input's quantisation the identity (scale 1, zero point 0): pixels go in as they are.
             pixels = tf.quantization.fake_quant_with_min_max_args(pixels, min=0.0, max=255.0, num_bits=8)
-        if (config.raw_height, config.raw_width) != (height, width):
+        if not resize:
+            pass
+        elif config.resize_method == "bilinear_antialias":
+            pixels = _resize_antialiased(pixels, rows, columns)
+        else:
             pixels = tf.image.resize(pixels, (height, width), method=config.resize_method)
         if config.input_scale != 1.0:
             pixels = pixels * config.input_scale

@@ -49,13 +49,13 @@ class EdgeDataset:
 
 
 def features_like_image_features(contents: list[bytes]) -> np.ndarray:
-    """What image_features stores: TensorFlow decode + bilinear resize to the model size, as uint8."""
+    """What image_features stores: TensorFlow decode + antialiased bilinear resize to the model size, as uint8."""
     import tensorflow as tf
 
     tensors = []
     for content in contents:
         image = tf.io.decode_png(content, channels=1)
-        resized = tf.image.resize(image, (MODEL_SIZE, MODEL_SIZE), method="bilinear")
+        resized = tf.image.resize(image, (MODEL_SIZE, MODEL_SIZE), method="bilinear", antialias=True)
         tensors.append(tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8).numpy())
     return np.stack(tensors)
 
@@ -138,12 +138,12 @@ class RegisteredVersion:
 
 
 @pytest.fixture
-def registered_version(tmp_path) -> RegisteredVersion:
+def registered_version(tmp_path, monkeypatch) -> RegisteredVersion:
     """A real MLflow sqlite store holding one training run and model version 1 (alias `candidate`)."""
-    import mlflow
     from mlflow import MlflowClient
 
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # nothing may fall back to ./mlflow.db
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id = client.create_experiment("edge-tests", artifact_location=(tmp_path / "artifacts").as_uri())
     run = client.create_run(experiment_id)
@@ -153,5 +153,4 @@ def registered_version(tmp_path) -> RegisteredVersion:
     client.create_registered_model(name)
     version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
     client.set_registered_model_alias(name, "candidate", version.version)
-    assert mlflow.__version__
     return RegisteredVersion(tracking_uri, name, str(version.version), run.info.run_id)

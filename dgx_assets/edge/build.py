@@ -1,0 +1,281 @@
+"""The edge_model build, end to end, as plain Python (the Dagster asset only passes settings in).
+
+Reads trained_model's saved model and model_info.json, picks calibration images from raw_images' training
+split and test images present in both raw_images (original bytes, what a device sees) and image_features
+(the tensors trained_model was evaluated on), converts, measures parity, exports the Triton repository,
+writes everything to `<lake>/edge_model/` atomically and logs it to trained_model's MLflow run.
+
+Layout of `<lake>/edge_model/`:
+
+    model.tflite        the edge model (uint8 [1, raw_height, raw_width, C] in, float32 probabilities out)
+    edge_model.json     the device contract (signature, shapes, raw size, class names) and provenance
+    parity.json         the parity figures the blocking check gates on
+    parity.png          probabilities Keras vs TFLite, latency distributions
+    triton/<name>/...   Triton model repository (SavedModel of trained_model + config.pbtxt)
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import tempfile
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from dgx_assets.edge import convert, parity, triton
+from dgx_assets.lake import Lake
+
+EDGE_ASSET = "edge_model"
+TRAINED_ASSET = "trained_model"
+MLFLOW_ARTIFACT_DIR = "edge_model"
+_INFO_KEYS = ("class_names", "input_shape", "mlflow_run_id", "registered_model_name", "model_version")
+
+
+class EdgeBuildError(ValueError):
+    """The edge model cannot be built from what is in the lake; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class EdgeBuildSettings:
+    quantization: str = "int8"
+    raw_height: int | None = None  # None: the most common size of the ingested images
+    raw_width: int | None = None
+    resize_method: str = "bilinear_antialias"
+    input_scale: float = 1.0
+    representative_samples: int = 200
+    representative_split: str = "train"
+    max_test_images: int = 1000  # 0: every test image
+    latency_images: int = 100
+    num_threads: int | None = None
+    triton_model_name: str = "defect_classifier"
+    triton_max_batch_size: int = 8
+
+
+@dataclass
+class TrainedModel:
+    model: object
+    size_bytes: int
+    info: dict
+    class_names: list[str]
+    input_shape: tuple[int, int, int]  # height, width, channels
+
+
+@dataclass
+class EdgeData:
+    raw_size: tuple[int, int]
+    representative: list[np.ndarray]
+    test_raw: np.ndarray
+    test_features: np.ndarray
+    test_labels: np.ndarray
+    feature_source: str
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class EdgeBuildResult:
+    uri: str
+    spec: convert.EdgeModelSpec
+    report: parity.ParityReport
+    data: EdgeData
+    info: dict
+    triton_config: str
+    mlflow_run_id: str | None
+
+
+def load_trained_model(lake: Lake, workdir: Path) -> TrainedModel:
+    import keras
+
+    base = lake.asset_uri(TRAINED_ASSET)
+    model_uri, info_uri = f"{base}/model.keras", f"{base}/model_info.json"
+    for uri in (model_uri, info_uri):
+        if not lake.exists(uri):
+            raise EdgeBuildError(f"{uri} is missing: materialize trained_model first")
+    info = json.loads(lake.read_bytes(info_uri))
+    missing = [key for key in _INFO_KEYS if key not in info]
+    if missing:
+        raise EdgeBuildError(f"{info_uri} lacks {missing}; re-materialize trained_model")
+    local = workdir / "model.keras"
+    local.write_bytes(lake.read_bytes(model_uri))
+    model = keras.models.load_model(local, compile=False)
+    input_shape = convert.model_input_shape(model)
+    class_names = [str(name) for name in info["class_names"]]
+    return TrainedModel(model, local.stat().st_size, info, class_names, input_shape)
+
+
+def _dataset(lake: Lake, files: list[str]):
+    import pyarrow.dataset as pads
+
+    return pads.dataset(files, filesystem=lake.fs, format="parquet")
+
+
+def _feature_files(lake: Lake, info: dict) -> tuple[list[str], str]:
+    """The image_features files trained_model used when they still exist, else today's partitions."""
+    recorded = info.get("feature_files") or []
+    paths = [lake.fs_path(p) if "://" in p else p for p in recorded]
+    if paths and all(lake.fs.get_file_info(p).type == pafs.FileType.File for p in paths):
+        return paths, "the image_features files trained_model used"
+    current = lake.data_files(lake.asset_uri("image_features"))
+    if not current:
+        raise EdgeBuildError("image_features holds no Parquet files: materialize image_features first")
+    note = "current image_features partitions"
+    if paths:
+        note += " (the files trained_model used were replaced since)"
+    return current, note
+
+
+def most_common_size(widths: list, heights: list) -> tuple[int, int]:
+    sizes = Counter((int(h), int(w)) for h, w in zip(heights, widths) if h and w)
+    if not sizes:
+        raise EdgeBuildError("raw_images has no valid images with a size: cannot choose the edge raw size")
+    return sizes.most_common(1)[0][0]
+
+
+def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeBuildSettings) -> EdgeData:
+    import pyarrow.dataset as pads
+
+    raw_files = lake.data_files(lake.asset_uri("raw_images"))
+    if not raw_files:
+        raise EdgeBuildError("raw_images holds no Parquet files: the edge model is calibrated and tested on them")
+    raw = _dataset(lake, raw_files)
+    valid = pads.field("status") == "valid"
+    index = raw.to_table(columns=["sha256", "split", "width", "height"], filter=valid).to_pylist()
+    if settings.raw_height and settings.raw_width:
+        raw_size = (settings.raw_height, settings.raw_width)
+    elif settings.raw_height or settings.raw_width:
+        raise EdgeBuildError("set both raw_height and raw_width, or neither (then the most common image size is used)")
+    else:
+        raw_size = most_common_size([r["width"] for r in index], [r["height"] for r in index])
+
+    # Deterministic samples: rows ordered by content hash, which is as good as random and stable.
+    calibration_ids = sorted({r["sha256"] for r in index if r["split"] == settings.representative_split})
+    calibration_ids = calibration_ids[: settings.representative_samples]
+
+    feature_files, feature_source = _feature_files(lake, trained.info)
+    test_filter = (pads.field("split") == "test") & (pads.field("feature_status") == "ok")
+    features = _dataset(lake, feature_files).to_table(
+        columns=["sha256", "label", "tensor", "tensor_shape"], filter=test_filter).to_pylist()
+    features = list({row["sha256"]: row for row in sorted(features, key=lambda r: r["sha256"])}.values())
+    if settings.max_test_images:
+        features = features[: settings.max_test_images]
+
+    wanted = set(calibration_ids) | {row["sha256"] for row in features}
+    contents = {}
+    for row in raw.to_table(columns=["sha256", "content"],
+                            filter=valid & pads.field("sha256").isin(sorted(wanted))).to_pylist():
+        contents.setdefault(row["sha256"], row["content"])
+
+    height, width, channels = trained.input_shape
+    skipped: Counter = Counter()
+
+    def decoded(sha: str) -> np.ndarray | None:
+        try:
+            return convert.decode_to_raw(contents[sha], raw_size[0], raw_size[1], channels)
+        except Exception:  # a file raw_images called valid but this decoder refuses: count it, go on
+            skipped["undecodable"] += 1
+            return None
+
+    representative = [image for image in map(decoded, calibration_ids) if image is not None]
+    test_raw, test_features, test_labels = [], [], []
+    for row in features:
+        if row["label"] not in trained.class_names:
+            skipped["label_not_in_model"] += 1
+            continue
+        if row["sha256"] not in contents:
+            skipped["no_raw_image"] += 1
+            continue
+        if tuple(row["tensor_shape"]) != (height, width, channels):
+            skipped["feature_shape_mismatch"] += 1
+            continue
+        image = decoded(row["sha256"])
+        if image is None:
+            continue
+        test_raw.append(image)
+        test_features.append(np.frombuffer(row["tensor"], np.uint8).reshape(height, width, channels))
+        test_labels.append(trained.class_names.index(row["label"]))
+    if not test_raw:
+        raise EdgeBuildError(f"no test image is in both raw_images and image_features ({dict(skipped)} skipped): "
+                             "materialize image_features for the ingested batches")
+    if settings.quantization == "int8" and not representative:
+        raise EdgeBuildError(f"no valid {settings.representative_split!r} images in raw_images to calibrate int8 on")
+    return EdgeData(raw_size, representative, np.stack(test_raw), np.stack(test_features),
+                    np.asarray(test_labels), feature_source, dict(skipped))
+
+
+def _upload_tree(lake: Lake, local_dir: Path, target_uri: str) -> None:
+    for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+        lake.write_bytes(posixpath.join(target_uri, path.relative_to(local_dir).as_posix()), path.read_bytes())
+
+
+def log_to_mlflow(tracking_uri: str, run_id: str, local_dir: Path, report: parity.ParityReport, uri: str) -> None:
+    """The .tflite, its contract and figures, and the parity figures, on trained_model's own run."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    for name in ("model.tflite", "edge_model.json", "parity.json", "parity.png"):
+        client.log_artifact(run_id, str(local_dir / name), artifact_path=MLFLOW_ARTIFACT_DIR)
+    for key, value in report.to_dict().items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+            client.log_metric(run_id, f"edge_{key}", float(value))
+    client.set_tag(run_id, "dgx.edge_model.uri", uri)
+    client.set_tag(run_id, "dgx.edge_model.quantization", report.quantization)
+
+
+def build_edge_model(lake: Lake, settings: EdgeBuildSettings, tracking_uri: str | None = None,
+                     log=lambda message: None) -> EdgeBuildResult:
+    with tempfile.TemporaryDirectory(prefix="edge-model-") as tmp:
+        workdir = Path(tmp)
+        trained = load_trained_model(lake, workdir)
+        data = load_edge_data(lake, trained, settings)
+        config = convert.EdgeConversionConfig(
+            raw_height=data.raw_size[0], raw_width=data.raw_size[1], quantization=settings.quantization,
+            resize_method=settings.resize_method, input_scale=settings.input_scale,
+            representative_samples=settings.representative_samples)
+        log(f"Converting trained_model {trained.input_shape} to {settings.quantization} TFLite, raw input "
+            f"{data.raw_size[0]}x{data.raw_size[1]}, {len(data.representative)} calibration images")
+        tflite_model = convert.convert_to_tflite(trained.model, config, data.representative)
+        spec = convert.describe_tflite(tflite_model, trained.class_names, config, trained.input_shape)
+        report, keras_predictions, edge_predictions = parity.measure_parity(
+            tflite_model, trained.model, raw_images=data.test_raw, keras_inputs=data.test_features,
+            labels=data.test_labels, keras_size_bytes=trained.size_bytes, quantization=settings.quantization,
+            latency_images=settings.latency_images, num_threads=settings.num_threads)
+        log(f"Parity on {report.images} test images: agreement {report.top1_agreement:.2%}, "
+            f"accuracy {report.tflite_accuracy:.2%} (Keras {report.keras_accuracy:.2%})")
+
+        out = workdir / "edge_model"
+        out.mkdir()
+        (out / "model.tflite").write_bytes(tflite_model)
+        provenance = {key: trained.info.get(key) for key in _INFO_KEYS}
+        contract = {**spec.to_dict(), "raw_height": data.raw_size[0], "raw_width": data.raw_size[1],
+                    "input_scale": settings.input_scale, "trained_model": provenance}
+        (out / "edge_model.json").write_text(json.dumps(contract, indent=2))
+        (out / "parity.json").write_text(json.dumps({
+            "report": report.to_dict(), "trained_model": provenance,
+            "trained_model_test_metrics": trained.info.get("test_metrics"),
+            "feature_source": data.feature_source, "skipped": data.skipped}, indent=2))
+        (out / "parity.png").write_bytes(parity.parity_figure(keras_predictions, edge_predictions, trained.class_names))
+        export = triton.export_triton_repository(
+            trained.model, out / "triton", settings.triton_model_name, class_names=trained.class_names,
+            max_batch_size=settings.triton_max_batch_size)
+
+        # A hidden sibling of <lake>/edge_model: Lake.staging_uri(asset) without a partition lies inside the
+        # asset folder, which commit() cannot swap in.
+        staging, final = lake.uri(f".staging-{EDGE_ASSET}-{uuid.uuid4().hex[:12]}"), lake.asset_uri(EDGE_ASSET)
+        _upload_tree(lake, out, staging)
+        lake.commit(staging, final)
+        run_id = trained.info.get("mlflow_run_id")
+        if tracking_uri and run_id:
+            log_to_mlflow(tracking_uri, run_id, out, report, final)
+        return EdgeBuildResult(final, spec, report, data, trained.info, export.config_text,
+                               run_id if tracking_uri else None)
+
+
+def read_parity(lake: Lake) -> dict:
+    uri = f"{lake.asset_uri(EDGE_ASSET)}/parity.json"
+    if not lake.exists(uri):
+        raise EdgeBuildError(f"{uri} is missing: materialize edge_model first")
+    return json.loads(lake.read_bytes(uri))
