@@ -3,6 +3,7 @@ import dagster as dg
 from dgx_assets.ingest import images, spark_ingest, tables
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
+from dgx_assets.spark.progress import spark_progress
 from dgx_assets.spark.resource import SparkResource
 
 ASSET_OWNERS = ["team:data-platform"]
@@ -42,7 +43,8 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
     frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, settings)
     staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
     context.log.info(f"Ingesting {landing_batch} into {final}")
-    frame.write.mode("overwrite").parquet(staging)
+    with spark_progress(spark.spark_session, context.log.info):
+        frame.write.mode("overwrite").parquet(staging)
     written = tables.read_partition_summary(store, staging)
     if written is None:
         store.delete(staging)
