@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import kubernetes_validate
@@ -203,16 +207,62 @@ def test_sglang_serves_real_ernie_image_from_the_shared_model_volume():
     assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "ernie-models"
 
 
-def test_triton_reads_the_mounted_model_repository_strictly():
-    [container] = pod_spec(find("Deployment", "triton"))["containers"]
+def test_triton_reads_the_model_repository_its_init_container_fetched():
+    spec = pod_spec(find("Deployment", "triton"))
+    [fetch] = spec["initContainers"]
+    [container] = spec["containers"]
     args = container_args(container)
     mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
     assert args["--model-repository"] == mounts["model-repository"]["mountPath"]
     assert mounts["model-repository"]["readOnly"] is True
+    fetch_mounts = {mount["name"]: mount["mountPath"] for mount in fetch["volumeMounts"]}
+    assert fetch["args"][-1] == fetch_mounts["model-repository"]  # where the script copies to
+    assert fetch["envFrom"] == [{"configMapRef": {"name": "dgx-assets-env"}}]  # DGX_LAKE_ROOT
     assert args["--strict-model-config"] == "true"
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert (int(args["--http-port"]), int(args["--grpc-port"]), int(args["--metrics-port"])) == (
         ports["http"], ports["grpc"], ports["metrics"])
+
+
+def _run_triton_fetch(lake_root: Path, destination: Path) -> subprocess.CompletedProcess:
+    [fetch] = pod_spec(find("Deployment", "triton"))["initContainers"]
+    assert fetch["command"] == ["python", "-c"]
+    script, _ = fetch["args"]
+    return subprocess.run([sys.executable, "-c", script, str(destination)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "DGX_LAKE_ROOT": str(lake_root)})
+
+
+def test_triton_init_container_copies_the_edge_model_export_from_the_lake(tmp_path):
+    from dgx_assets.edge.build import EdgeBuildSettings
+    from dgx_assets.edge.triton import SAVEDMODEL_DIRNAME, TensorSignature, triton_config
+
+    name = EdgeBuildSettings().triton_model_name
+    model_dir = tmp_path / "lake" / "edge_model" / "triton" / name
+    savedmodel = model_dir / "1" / SAVEDMODEL_DIRNAME
+    (savedmodel / "variables").mkdir(parents=True)
+    (savedmodel / "saved_model.pb").write_bytes(b"graph")
+    (savedmodel / "variables" / "variables.index").write_bytes(b"index")
+    config = triton_config(name, [TensorSignature("image", "uint8", [None, 48, 48, 1])],
+                           [TensorSignature("probabilities", "float32", [None, 2])], 8, "labels.txt")
+    (model_dir / "config.pbtxt").write_text(config)
+    (model_dir / "labels.txt").write_text("functional\ndefective\n")
+    destination = tmp_path / "models"
+    destination.mkdir()
+
+    result = _run_triton_fetch(tmp_path / "lake", destination)
+
+    assert result.returncode == 0, result.stderr
+    copied = {str(p.relative_to(destination)) for p in destination.rglob("*") if p.is_file()}
+    assert copied == {f"{name}/config.pbtxt", f"{name}/labels.txt", f"{name}/1/{SAVEDMODEL_DIRNAME}/saved_model.pb",
+                      f"{name}/1/{SAVEDMODEL_DIRNAME}/variables/variables.index"}
+    assert (destination / name / "config.pbtxt").read_text() == config
+
+
+def test_triton_init_container_says_what_is_missing(tmp_path):
+    (tmp_path / "lake").mkdir()
+    result = _run_triton_fetch(tmp_path / "lake", tmp_path)
+    assert result.returncode != 0
+    assert "materialize edge_model first" in result.stderr
 
 
 def test_gpu_quota_covers_the_fixed_gpu_workloads():
@@ -275,7 +325,8 @@ def _dockerfile_value(text: str, instruction: str) -> str:
 
 def test_our_images_have_one_name_and_version_everywhere(helm_values, env_configmap, project_version):
     expected = {f"dgx-assets/{name}:{project_version}" for name in OUR_IMAGES}
-    in_manifests = {c["image"] for w in workloads() for c in pod_spec(w)["containers"] if c["image"].startswith("dgx-assets/")}
+    in_manifests = {c["image"] for w in workloads() for c in pod_spec(w)["containers"] + pod_spec(w).get("initContainers", [])
+                    if c["image"].startswith("dgx-assets/")}
     [deployment] = helm_values["dagster-user-deployments"]["deployments"]
     in_helm = f"{deployment['image']['repository']}:{deployment['image']['tag']}"
     assert in_manifests | {in_helm, env_configmap["DGX_SPARK_IMAGE"]} == expected
