@@ -164,3 +164,32 @@ def test_defaults_agree_with_the_spark_resource_profiles(deployment, master):
     assert {"spark.executor.resource.gpu.amount", "spark.task.resource.gpu.amount", "spark.executor.cores",
             "spark.executor.memory"} <= shared
     assert {key: spark_defaults()[key] for key in shared} == {key: profile[key] for key in shared}
+
+
+def test_executor_pod_template_is_a_valid_non_root_gpu_pod():
+    import kubernetes_validate
+    import yaml
+
+    from dgx_assets import k8s as dgx_k8s
+
+    template = yaml.safe_load((SPARK_DIR / "executor-pod-template.yaml").read_text())
+    kubernetes_validate.validate(template, "1.30", strict=True)
+    spec = template["spec"]
+    assert spec["nodeSelector"] == dgx_k8s.GPU_NODE_SELECTOR
+    assert spec["tolerations"] == dgx_k8s.GPU_TOLERATIONS
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+    [container] = spec["containers"]
+    assert container["name"] == "executor"
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_k8s_profile_uses_the_executor_pod_template():
+    from dgx_assets.spark.resource import profile_conf
+
+    conf = profile_conf("k8s", "k8s://https://kubernetes.default.svc:443")
+    key = "spark.kubernetes.executor.podTemplateFile"
+    if key not in conf:
+        pytest.skip(f"the k8s Spark profile does not set {key} yet (executors would not tolerate GPU taints)")
+    workdir = "/opt/dgx_assets/"
+    assert conf[key].startswith(workdir) and (DEPLOY.parent / conf[key][len(workdir):]).is_file()
+    assert conf["spark.kubernetes.executor.podTemplateContainerName"] == "executor"
