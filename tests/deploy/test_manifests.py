@@ -390,3 +390,21 @@ def test_manifests_parse_as_plain_yaml_without_anchors():
             code = line.split("#", 1)[0]
             assert not re.search(r"(^|\s)[&*][A-Za-z]", code), f"{path.name}: {line}"
         assert load_documents(path)
+
+
+@pytest.mark.parametrize("name", sorted(OUR_IMAGES))
+def test_dockerfile_installs_exactly_the_pinned_dependencies(name):
+    """Runs the Dockerfile's requirements one-liner against pyproject.toml, as `docker build` would."""
+    import shlex
+    import tomllib
+
+    [run] = [line for line in _dockerfile(name).splitlines() if line.startswith("RUN python -c")]
+    command = shlex.split(run.removeprefix("RUN ").rstrip(" \\"))
+    result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, check=True)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [d for d in project["dependencies"] if not (name == "serving" and d.startswith("paddlepaddle"))]
+    assert result.stdout.split() == wanted
+    # GPU builds as the `gpu` extra pins them: Paddle for serving, TensorFlow's CUDA libraries for the rest.
+    gpu_pin = next(d for d in project["optional-dependencies"]["gpu"]
+                   if d.startswith("paddlepaddle-gpu" if name == "serving" else "tensorflow"))
+    assert f'"{gpu_pin}"' in _dockerfile(name)
