@@ -12,6 +12,7 @@ import json
 import math
 import posixpath
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,10 @@ def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_k
 
 def write_model_outputs(lake: Lake, tracked: TrackedModel, info: dict[str, Any]) -> str:
     """Write model.keras and model_info.json aside, then swap them in; returns the folder URI."""
-    staging = lake.staging_uri(TRAINED_MODEL_ASSET)
     final = lake.asset_uri(TRAINED_MODEL_ASSET)
+    # A hidden sibling of the asset folder: Lake.staging_uri(asset) without a partition points *inside*
+    # the folder that commit replaces, which would move the staging copy aside with the old version.
+    staging = lake.uri(f".staging-{TRAINED_MODEL_ASSET}-{uuid.uuid4().hex[:12]}")
     with tempfile.TemporaryDirectory(prefix="trained_model-") as tmp:
         local = Path(tmp) / MODEL_FILE
         tracked.training.model.save(local)

@@ -294,6 +294,9 @@ def _feature_dataset(name: str, uri: str, digest: str, profile: dict[str, Any]) 
         def profile(self) -> dict[str, Any]:
             return profile
 
+        def to_dict(self) -> dict[str, str]:
+            return super().to_dict() | {"profile": json.dumps(profile)}
+
     schema = Schema([
         ColSpec(DataType.string, "sha256"), ColSpec(DataType.string, "label"), ColSpec(DataType.string, "split"),
         ColSpec(DataType.binary, "tensor"), ColSpec(DataType.string, "tensor_shape"),
@@ -433,7 +436,11 @@ def _log_model(mlflow: Any, result: TrainingResult, model_name: str) -> Any:
     # One real-looking input (mid-grey pixels) at the model's shape: float32 0..255, like callers send.
     example = np.full((1, *result.input_shape), 127.0, dtype=np.float32)
     signature = infer_signature(example, np.asarray(result.model(example, training=False)))
-    return mlflow.keras.log_model(
+    # mlflow.tensorflow, not mlflow.keras: the keras flavor of MLflow 3.17 fails to save an input example
+    # (it writes it before creating the model folder; mlflow/mlflow#16183). Both save the .keras format.
+    import mlflow.tensorflow
+
+    return mlflow.tensorflow.log_model(
         result.model,
         name="model",
         signature=signature,
