@@ -28,7 +28,13 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/dgx-assets demo
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser $(PYTEST_ARGS)
+
+# A real browser on the real UI: Debian's chromium (installed here if missing) driven by Playwright.
+e2e: $(VENV)/.installed
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+	$(PY) -m pip install --quiet playwright==1.65.2
+	$(PY) -m pytest -q -p no:cacheprovider tests/browser
 
 # The Dagster UI and daemon on 127.0.0.1:3000 (sensor and schedule run while it is up). Ctrl-C stops it.
 dev: $(VENV)/.installed
