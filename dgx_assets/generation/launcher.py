@@ -211,3 +211,13 @@ def source_fingerprint() -> str:
     for name in ("generator.py", "training_data.py", "tokenizer.py"):
         digest.update((serving / name).read_bytes())
     return digest.hexdigest()[:12]
+
+
+def cached_quick_generator(cache_root: str | Path | None = None) -> Path:
+    """A quick generator under `<repo>/.dgx/cache/`, built once per version of the generator's code.
+
+    For tests and smoke runs: seconds to build, and reused until generator.py, training_data.py or
+    tokenizer.py change.
+    """
+    root = Path(cache_root) if cache_root else settings.repo_root() / ".dgx" / "cache"
+    return ensure_generator(root / f"quick-generator-{source_fingerprint()}", quick=True)

@@ -1,10 +1,9 @@
-"""Fixtures for the serving process: a quick generator built once (and cached by source hash), and
-real serving processes on 127.0.0.1 started as separate interpreters and stopped by PID."""
+"""Fixtures for the serving process: a quick generator built once (cached by source hash), and real
+serving processes on 127.0.0.1, each a separate interpreter, stopped by PID."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,37 +11,22 @@ import pytest
 from dgx_assets import settings
 from dgx_assets.generation import launcher
 
-CHILD_ENV = {
-    "OMP_NUM_THREADS": "1",  # the test machine's few cores are shared; paddle's thread pool only fights
-    "SPARK_LOCAL_IP": "127.0.0.1",
-    "PYSPARK_PYTHON": sys.executable,
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "GX_ANALYTICS_ENABLED": "false",
-    "DAGSTER_DISABLE_TELEMETRY": "true",
-}
-
-
-def quick_generator_dir() -> Path:
-    """A quick generator cached under .dgx/test-cache, rebuilt when the generator's code changes."""
-    cache = settings.repo_root() / ".dgx" / "test-cache" / f"quick-generator-{launcher.source_fingerprint()}"
-    return launcher.ensure_generator(cache, quick=True)
-
 
 @pytest.fixture(scope="session", autouse=True)
-def _child_environment():
-    saved = {key: os.environ.get(key) for key in CHILD_ENV}
-    os.environ.update(CHILD_ENV)
+def _one_paddle_thread():
+    # The test machine's few cores are shared; paddle's thread pool in every server only fights for them.
+    previous = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    if previous is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = previous
 
 
 @pytest.fixture(scope="session")
-def quick_model(_child_environment) -> Path:
-    return quick_generator_dir()
+def quick_model(_one_paddle_thread) -> Path:
+    return launcher.cached_quick_generator()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,83 @@
+"""Real serving processes for the client and generation tests: healthy ones and deliberately faulty ones
+(the server's fault-injection flags), all on 127.0.0.1, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from dgx_assets.generation import launcher
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_paddle_thread():
+    # The test machine's few cores are shared; paddle's thread pool in every server only fights for them.
+    previous = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    if previous is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = previous
+
+
+@pytest.fixture(scope="session")
+def quick_model(_one_paddle_thread) -> Path:
+    return launcher.cached_quick_generator()
+
+
+class Fleet:
+    """Named serving processes started together (their start-up overlaps) and stopped together."""
+
+    def __init__(self, model: Path, log_dir: Path, specs: dict[str, list[str]]):
+        self.servers = {name: launcher.start_server(model, log_dir=log_dir / name, extra_args=args)
+                        for name, args in specs.items()}
+        try:
+            launcher.wait_ready(list(self.servers.values()), timeout_s=180)
+        except BaseException:
+            self.stop()
+            raise
+
+    def __getitem__(self, name: str) -> launcher.ServerProcess:
+        return self.servers[name]
+
+    def stop(self) -> None:
+        launcher.stop_servers(list(self.servers.values()))
+
+
+@pytest.fixture(scope="session")
+def fleet(quick_model, tmp_path_factory):
+    """Two healthy servers, one that always answers 503, one too slow for a short read timeout."""
+    started = Fleet(quick_model, tmp_path_factory.mktemp("fleet"), {
+        "a": [], "b": [],
+        "unavailable": ["--fault", "unavailable"],
+        "slow": ["--fault", "slow", "--fault-delay-ms", "3000"],
+    })
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def start_fleet(quick_model, tmp_path):
+    """Start servers just for one test (they may be killed or carry a limited fault budget)."""
+    fleets = []
+
+    def start(**specs):
+        fleets.append(Fleet(quick_model, tmp_path / f"fleet{len(fleets)}", specs))
+        return fleets[-1]
+
+    yield start
+    for started in fleets:
+        started.stop()
+
+
+@pytest.fixture
+def dead_url():
+    """A loopback URL where nothing listens (the port was free a moment ago)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
