@@ -9,6 +9,7 @@ import os
 import dagster as dg
 
 from dgx_assets.ingest import definitions as ingest
+from dgx_assets.reporting import definitions as reporting
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
 
@@ -28,6 +29,7 @@ def _executor(deployment: str):
 
 defs = dg.Definitions.merge(
     ingest.defs,
+    reporting.defs,
     dg.Definitions(
         resources=_shared_resources,
         executor=_executor(os.environ.get("DGX_DEPLOYMENT", "local")),
