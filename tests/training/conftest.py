@@ -12,15 +12,10 @@ import training_data
 def spark():
     from pyspark.sql import SparkSession
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("dgx-training-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.appName("dgx-training-tests")
+    for key, value in training_data.SPARK_TEST_CONF.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     yield session
     session.stop()
 

@@ -12,6 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+# A small, quiet local Spark for these tests (no UI, no event log, two cores).
+SPARK_TEST_CONF = {
+    "spark.master": "local[2]",
+    "spark.ui.enabled": "false",
+    "spark.eventLog.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.memory": "2g",
+}
+
 RAW_SCHEMA = pa.schema(
     [
         ("path", pa.string()), ("batch", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()),

@@ -1,0 +1,231 @@
+"""image_features (Spark executors, GPU-bound) and trained_model (Keras + MLflow): the Dagster layer.
+
+Thin on purpose: the work is in features.py, train.py and tracking.py. No TensorFlow, PySpark or MLflow
+import at module level: the code location imports this on every sensor tick.
+"""
+
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from dgx_assets.partitions import image_batches
+from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.spark.resource import SparkResource
+
+TRAINING_OWNERS = ["team:ml-platform"]
+TRAINING_GROUP = "training"
+FEATURES_CODE_VERSION = "1"
+TRAINED_MODEL_CODE_VERSION = "1"
+
+
+def _gpu_op_tags() -> dict:
+    """dagster-k8s tags that put the training step pod on a GPU node (ignored off Kubernetes)."""
+    try:
+        from dgx_assets.k8s import gpu_step_tags
+    except ImportError:
+        return {}
+    return gpu_step_tags(gpus=1)
+
+
+class ImageFeaturesConfig(dg.Config):
+    image_height: int = Field(128, description="Model input height in pixels")
+    image_width: int = Field(128, description="Model input width in pixels")
+    channels: int = Field(1, description="1: grey, 3: RGB")
+    batch_rows: int = Field(64, description="Images per Arrow batch handed to TensorFlow in an executor")
+    embedding_model: Optional[str] = Field(
+        None, description="Local path, on every executor, of a .keras classifier or backbone weights: adds an embedding column"
+    )
+    embedding_backbone: str = Field("mobilenet_small", description="Architecture when embedding_model is a weights file")
+    max_failed_share: float = Field(0.02, description="Fail the run when more of the valid images than this cannot be featurised")
+
+
+# Turns one raw_images batch into model-ready tensors and image statistics on Spark executors (GPU when assigned).
+@dg.asset(
+    partitions_def=image_batches,
+    deps=["raw_images"],
+    group_name=TRAINING_GROUP,
+    kinds={"spark", "tensorflow"},
+    owners=TRAINING_OWNERS,
+    code_version=FEATURES_CODE_VERSION,
+    automation_condition=dg.AutomationCondition.eager(),
+    description=(
+        "Model-ready features of the valid images of one raw_images batch, computed in Spark executors' Python "
+        "workers with TensorFlow, each worker bound to the GPU Spark assigned its task: decoded, converted to the "
+        "model's channels, resized; stored as uint8 bytes (`tensor`, shape in `tensor_shape`) with brightness, "
+        "contrast and sharpness, and a backbone embedding when configured. Kept fresh after new raw_images batches."
+    ),
+)
+def image_features(
+    context: dg.AssetExecutionContext, config: ImageFeaturesConfig, spark: SparkResource, lake: LakeResource
+) -> dg.MaterializeResult:
+    from dgx_assets.spark.progress import spark_progress
+    from dgx_assets.training.features import FeatureConfig, FeatureConfigError, build_image_features
+
+    batch = context.partition_key
+    store = lake.lake
+    raw_uri = store.asset_uri("raw_images", batch)
+    if not store.data_files(raw_uri):
+        raise dg.Failure(f"{raw_uri} holds no Parquet files: materialize raw_images for batch {batch!r} first")
+    feature_config = FeatureConfig(
+        image_height=config.image_height, image_width=config.image_width, channels=config.channels,
+        batch_rows=config.batch_rows, embedding_model=config.embedding_model,
+        embedding_backbone=config.embedding_backbone,
+    )
+    try:
+        feature_config.validate()
+    except FeatureConfigError as error:
+        raise dg.Failure(str(error)) from error
+
+    staging, final = store.staging_uri("image_features", batch), store.asset_uri("image_features", batch)
+    context.log.info(f"Featurising {raw_uri} into {final}")
+    session = spark.spark_session
+    with spark_progress(session, context.log.info):
+        summary = build_image_features(session, raw_uri, staging, feature_config)
+    if summary.valid_rows == 0:
+        store.delete(staging)
+        raise dg.Failure(f"raw_images[{batch}] has no valid images: nothing to featurise (see its quarantine counts)")
+    failed_share = summary.failed_rows / summary.valid_rows
+    if failed_share > config.max_failed_share:
+        store.delete(staging)
+        raise dg.Failure(
+            f"{summary.failed_rows} of {summary.valid_rows} valid images of batch {batch!r} could not be featurised "
+            f"(more than max_failed_share={config.max_failed_share}); see feature_error in {staging} logs, "
+            "fix the images or raise max_failed_share"
+        )
+    store.commit(staging, final)
+    overview = _feature_overview(store, final)
+    context.log.info(f"image_features[{batch}]: {summary.feature_rows} rows on {summary.devices}")
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": summary.feature_rows,
+            "failed_rows": summary.failed_rows,
+            "tensor_shape": dg.MetadataValue.json(summary.tensor_shape),
+            "devices": dg.MetadataValue.json(summary.devices),
+            "label_counts": dg.MetadataValue.json(overview["labels"]),
+            "split_counts": dg.MetadataValue.json(overview["splits"]),
+            "image_statistics": dg.MetadataValue.json(overview["statistics"]),
+            "embedding": config.embedding_model or "none",
+            "path": dg.MetadataValue.path(final),
+        }
+    )
+
+
+def _feature_overview(store, uri: str) -> dict:
+    """Counts and mean statistics from the small columns of a committed partition."""
+    from collections import Counter
+
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(store.data_files(uri), filesystem=store.fs, format="parquet").to_table(
+        columns=["label", "split", "feature_status", "brightness", "contrast", "sharpness"]
+    )
+    frame = table.to_pandas()
+    ok = frame[frame["feature_status"] == "ok"]
+    return {
+        "labels": dict(sorted(Counter(ok["label"]).items())),
+        "splits": dict(sorted(Counter(ok["split"]).items())),
+        "statistics": {
+            name: {"mean": round(float(ok[name].mean()), 5), "std": round(float(ok[name].std()), 5)}
+            for name in ("brightness", "contrast", "sharpness")
+        } if len(ok) else {},
+    }
+
+
+class TrainedModelConfig(dg.Config):
+    backbone: str = Field("mobilenet_small", description="mobilenet_small (CPU-friendly), mobilenet_v2 or resnet50")
+    weights_path: Optional[str] = Field(None, description="Local backbone weights file; empty: train from scratch")
+    width: int = Field(32, description="mobilenet_small width (filters of its first block)")
+    dropout: float = Field(0.2, description="Dropout before the softmax layer")
+    epochs: int = Field(30, description="Most epochs; early stopping on validation loss usually ends sooner")
+    batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
+    learning_rate: float = Field(2e-3, description="Adam learning rate")
+    patience: int = Field(6, description="Epochs without validation-loss improvement before stopping")
+    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow; ops run deterministically")
+    augment: bool = Field(True, description="Random flips of training images")
+    mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
+    checkpoint_dir: Optional[str] = Field(
+        None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
+    )
+
+    def train_config(self):
+        from dgx_assets.training.train import TrainConfig
+
+        return TrainConfig(**self.model_dump(exclude={"checkpoint_dir"}))
+
+
+# Trains the defect classifier on every image_features batch, tracked in MLflow; registers the version as `candidate`.
+@dg.asset(
+    deps=[dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping())],
+    group_name=TRAINING_GROUP,
+    kinds={"tensorflow", "mlflow"},
+    owners=TRAINING_OWNERS,
+    code_version=TRAINED_MODEL_CODE_VERSION,
+    op_tags=_gpu_op_tags(),
+    description=(
+        "A Keras defect classifier trained on all image_features batches (MirroredStrategy over the visible GPUs, "
+        "one CPU replica otherwise; early stopping on the validation split; resumable checkpoints) and evaluated "
+        "on the test split. Writes <lake>/trained_model/model.keras (float32 pixels 0..255 in, softmax out) and "
+        "model_info.json; one MLflow run with datasets, metrics, plots and hardware baseline; the registered "
+        "version gets the alias `candidate`."
+    ),
+)
+def trained_model(
+    context: dg.AssetExecutionContext, config: TrainedModelConfig, lake: LakeResource, mlflow: MlflowResource
+) -> dg.MaterializeResult:
+    from pathlib import Path
+
+    from dgx_assets import settings
+    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
+    from dgx_assets.training.model import ModelConfigError
+    from dgx_assets.training.outputs import model_info, write_model_outputs
+    from dgx_assets.training.tracking import DagsterLineage, TrackingConfig, TrackingConfigError, train_and_track
+
+    store = lake.lake
+    partitions = store.partitions("image_features")
+    paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
+    if not paths:
+        raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
+    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, mlflow.registered_model_name)
+    lineage = DagsterLineage(
+        run_id=context.run_id, asset_key=context.asset_key.to_user_string(), partition_keys=tuple(partitions),
+        code_version=TRAINED_MODEL_CODE_VERSION, job_name=context.job_name,
+    )
+    checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
+    context.log.info(f"Training on {len(paths)} files of {len(partitions)} image_features partitions")
+    try:
+        tracked = train_and_track(
+            FeatureFiles(store.fs, tuple(paths)), store.asset_uri("image_features"), config.train_config(),
+            tracking, checkpoints, lineage, log=context.log.info,
+        )
+    except (ModelConfigError, TrackingConfigError, FeatureDataError) as error:
+        raise dg.Failure(str(error)) from error
+
+    info = model_info(tracked, tracking.tracking_uri, store, partitions)
+    folder = write_model_outputs(store, tracked, info)
+    metrics = tracked.training.test.metrics
+    return dg.MaterializeResult(
+        metadata={
+            **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+            "mlflow_run_id": tracked.run_id,
+            "mlflow_tracking_uri": tracking.tracking_uri,
+            "model_version": f"{tracked.model_name} v{tracked.model_version} (alias candidate)",
+            "model_uri": tracked.model_uri,
+            "test_accuracy": metrics["accuracy"],
+            "majority_baseline_accuracy": metrics["majority_baseline_accuracy"],
+            "test_roc_auc": metrics["roc_auc"],
+            "test_macro_f1": metrics["macro_f1"],
+            "confusion_matrix": dg.MetadataValue.json(
+                {"classes": tracked.training.class_names, "rows_true_columns_predicted": tracked.training.test.confusion_matrix}
+            ),
+            "epochs_run": len(tracked.training.epochs),
+            "resumed_from_epoch": tracked.training.resumed_from_epoch,
+            "training_seconds": round(tracked.training.seconds, 1),
+            "hardware": f"{tracked.hardware['kind']}: "
+            + ("; ".join(tracked.hardware["gpus"]) or f"{tracked.hardware['cpu_model']} x{tracked.hardware['cpu_cores']}"),
+            "strategy": f"{tracked.training.strategy} x{tracked.training.replicas} ({tracked.training.precision_policy})",
+            "partitions": dg.MetadataValue.json(partitions),
+            "data_digest": tracked.data_digest,
+            "path": dg.MetadataValue.path(folder),
+        }
+    )

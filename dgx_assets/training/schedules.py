@@ -1,0 +1,50 @@
+"""Retraining on a schedule, and the automation that keeps image_features fresh after new raw_images batches."""
+
+import os
+
+import dagster as dg
+
+DEFAULT_RETRAIN_CRON = "0 2 * * *"  # nightly, 02:00
+
+retrain_job = dg.define_asset_job(
+    "retrain_model",
+    selection=dg.AssetSelection.assets("trained_model").downstream(),
+    description="Retrains trained_model on all image_features batches and rebuilds what depends on it.",
+    tags={"dgx/queue": "gpu-training"},
+)
+
+
+def build_retraining_schedule(cron_schedule: str = DEFAULT_RETRAIN_CRON, timezone: str = "UTC") -> dg.ScheduleDefinition:
+    # Retrains nightly (DGX_RETRAIN_CRON / DGX_RETRAIN_TIMEZONE change when): one run per scheduled tick.
+    @dg.schedule(
+        name="retrain_model_schedule",
+        job=retrain_job,
+        cron_schedule=cron_schedule,
+        execution_timezone=timezone,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Retrains trained_model on cron '{cron_schedule}' ({timezone}).",
+    )
+    def retrain_model_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        tick = context.scheduled_execution_time
+        return dg.RunRequest(
+            run_key=f"retrain-{tick.isoformat()}",
+            tags={"dgx/trigger": "schedule", "dgx/scheduled_for": tick.isoformat()},
+        )
+
+    return retrain_model_schedule
+
+
+def retraining_schedule_from_env() -> dg.ScheduleDefinition:
+    return build_retraining_schedule(
+        os.environ.get("DGX_RETRAIN_CRON") or DEFAULT_RETRAIN_CRON, os.environ.get("DGX_RETRAIN_TIMEZONE") or "UTC"
+    )
+
+
+# Evaluates image_features' eager condition: a new or updated raw_images batch gets its features.
+features_automation_sensor = dg.AutomationConditionSensorDefinition(
+    "image_features_automation",
+    target=dg.AssetSelection.assets("image_features"),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=60,
+    description="Materializes image_features partitions whose raw_images partition is new or was updated.",
+)
