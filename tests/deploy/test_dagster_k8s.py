@@ -84,6 +84,17 @@ def test_helm_values_say_what_dagster_yaml_says(helm_values, dagster_yaml):
     assert helm_values["telemetry"]["enabled"] is dagster_yaml["telemetry"]["enabled"] is False
 
 
+def test_both_instance_configs_use_the_same_postgresql(helm_values, dagster_yaml, env_configmap):
+    postgres = helm_values["postgresql"]
+    assert postgres["enabled"] is False and helm_values["generatePostgresqlPasswordSecret"] is False
+    db = dagster_yaml["storage"]["postgres"]["postgres_db"]
+    from_env = {key: env_configmap[value["env"]] for key, value in db.items() if key != "password"}
+    assert from_env == {"hostname": postgres["postgresqlHost"], "port": str(postgres["service"]["port"]),
+                        "db_name": postgres["postgresqlDatabase"], "username": postgres["postgresqlUsername"]}
+    # dagster-k8s exposes the secret's password to run pods as DAGSTER_PG_PASSWORD.
+    assert db["password"] == {"env": "DAGSTER_PG_PASSWORD"}
+
+
 @functools.cache
 def _k8s_definitions() -> dict:
     version = kubernetes_validate.latest_version()
