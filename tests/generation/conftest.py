@@ -50,11 +50,13 @@ class Fleet:
 
 @pytest.fixture(scope="session")
 def fleet(quick_model, tmp_path_factory):
-    """Two healthy servers, one that always answers 503, one too slow for a short read timeout."""
+    """Two healthy servers, one that always answers 503, one too slow for a short read timeout, one that
+    always cuts its PNGs short."""
     started = Fleet(quick_model, tmp_path_factory.mktemp("fleet"), {
         "a": [], "b": [],
         "unavailable": ["--fault", "unavailable"],
         "slow": ["--fault", "slow", "--fault-delay-ms", "3000"],
+        "truncating": ["--fault", "truncate"],
     })
     yield started
     started.stop()
@@ -81,3 +83,16 @@ def dead_url():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One small local Spark for the session (the asset tests' SparkResource picks the same one up)."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("generation-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .getOrCreate())
+    yield session
+    session.stop()

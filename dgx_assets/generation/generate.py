@@ -1,0 +1,287 @@
+"""ernie_generated_images on Spark: executors call the serving endpoints, check every image, write PNGs.
+
+The prompts are spread over a few tasks; each task's Python worker keeps one pooled client
+(`client.get_client`) and runs `concurrency` requests at a time, so a few tasks keep several GPU servers
+busy. Every returned image is decoded and classified `valid`, `corrupted` (recognised but damaged, or
+not the size asked for) or `decode_error` (not an image at all); corrupted, undecodable and failed ones
+are generated again, up to `max_attempts`. Every prompt ends in exactly one row with a final status.
+PNG files are written by the executors as each batch completes, so the driver never holds the images.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import io
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from dgx_assets.generation.client import ClientSettings, get_client
+
+VALID = "valid"
+CORRUPTED = "corrupted"
+DECODE_ERROR = "decode_error"
+FAILED = "failed"  # the service could not be reached or kept failing
+REJECTED = "rejected"  # the service refused the request (4xx / err_no 5xxx): retrying will not help
+INVALID_PROMPT = "invalid_prompt"  # the prompts table row itself is unusable; never sent
+STATUSES = (VALID, CORRUPTED, DECODE_ERROR, FAILED, REJECTED, INVALID_PROMPT)
+REGENERATE = {CORRUPTED, DECODE_ERROR, FAILED}
+
+GENERATED_SCHEMA = (
+    "id string, prompt string, label string, width int, height int, seed long, used_prompt string, "
+    "truncated boolean, content binary, file_name string, png_path string, status string, error string, "
+    "endpoint string, latency_s double, attempts int, http_tries int, request_key string, generated_at timestamp"
+)
+COLUMNS = [part.strip().split(" ")[0] for part in GENERATED_SCHEMA.split(",")]
+SUMMARY_COLUMNS = [name for name in COLUMNS if name != "content"]
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """Everything an executor needs; pickled into the Spark tasks."""
+
+    client: ClientSettings
+    lake_root: str
+    png_uri: str  # the folder the PNG files are written to (inside the staging folder)
+    png_final_uri: str | None = None  # where that folder will be once committed: what png_path records
+    max_attempts: int = 3
+    default_width: int = 512
+    default_height: int = 512
+    tasks: int = 2  # Spark tasks the prompts are spread over
+
+
+# --- plain functions ------------------------------------------------------------------------------------
+
+def safe_file_name(prompt_id: str | None, request_key: str) -> str:
+    """A file name that is safe on any filesystem whatever the id holds ('../../etc/passwd', '', 'a/b').
+
+    Readable part from the id, plus a hash that keeps different ids (and different prompts under the
+    same id) from ever sharing a file.
+    """
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", prompt_id or "").strip("._-")[:60] or "prompt"
+    digest = hashlib.sha256(f"{prompt_id}\x1f{request_key}".encode("utf-8", "replace")).hexdigest()[:12]
+    return f"{readable}-{digest}.png"
+
+
+def classify_image(payload_b64: str | None, width: int, height: int) -> tuple[str, bytes | None, str | None]:
+    """(status, PNG bytes for valid images, reason) for one reply's image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        data = base64.b64decode(payload_b64 or "", validate=True)
+    except (binascii.Error, ValueError):
+        return DECODE_ERROR, None, "the reply's image is not valid base64"
+    if not data:
+        return DECODE_ERROR, None, "the reply's image is empty"
+    try:
+        image = Image.open(io.BytesIO(data))
+        kind = image.format
+    except UnidentifiedImageError:
+        return DECODE_ERROR, None, f"not an image: {len(data)} bytes starting {data[:8].hex()}"
+    except Exception as error:  # noqa: BLE001 - any decoder failure is a classification, not a crash
+        return DECODE_ERROR, None, f"not an image: {type(error).__name__}: {error}"[:300]
+    try:
+        image.verify()  # chunk CRCs and structure
+        with Image.open(io.BytesIO(data)) as decoded:
+            decoded.load()  # every pixel: a truncated stream fails here
+            size = decoded.size
+            if kind != "PNG":  # the PNG files and the table hold PNG whatever the server sent
+                buffer = io.BytesIO()
+                decoded.save(buffer, format="PNG")
+                data = buffer.getvalue()
+    except Exception as error:  # noqa: BLE001
+        return CORRUPTED, None, f"damaged {kind}: {type(error).__name__}: {error}"[:300]
+    if size != (width, height):
+        return CORRUPTED, None, f"image is {size[0]}x{size[1]}, asked for {width}x{height}"
+    return VALID, data, None
+
+
+def _integer(text, name: str, default: int | None) -> tuple[int | None, str | None]:
+    """(value, problem) for a table cell that should hold an integer; blank means the default."""
+    if text is None or str(text).strip() == "":
+        return default, None
+    match = re.fullmatch(r"\s*(-?\d{1,12})(?:\.0*)?\s*", str(text))
+    if not match:
+        return None, f"{name} {str(text)[:30]!r} is not an integer"
+    return int(match.group(1)), None
+
+
+def start_row(record: dict, job: GenerationJob, now: dt.datetime) -> dict:
+    """An output row for one prompt, with its request parsed (or the reason it cannot be sent)."""
+    key = record["request_key"]
+    prompt_id = record.get("id") or f"row-{key[:12]}"
+    width, width_problem = _integer(record.get("width"), "width", job.default_width)
+    height, height_problem = _integer(record.get("height"), "height", job.default_height)
+    seed, seed_problem = _integer(record.get("seed"), "seed", zlib.crc32(prompt_id.encode("utf-8", "replace")))
+    prompt = record.get("prompt")
+    problems = [p for p in (width_problem, height_problem, seed_problem) if p]
+    if prompt is None or not prompt.strip():
+        problems.insert(0, "the prompt is empty")
+    for name, value in (("width", width), ("height", height)):
+        if value is not None and value <= 0:
+            problems.append(f"{name} must be positive, got {value}")
+    if seed is not None and not 0 <= seed < 2**32:
+        problems.append(f"seed must be 0..{2**32 - 1}, got {seed}")
+    return {
+        "id": prompt_id, "prompt": prompt, "label": record.get("label"), "width": width, "height": height,
+        "seed": seed, "used_prompt": None, "truncated": None, "content": None,
+        "file_name": safe_file_name(prompt_id, key), "png_path": None,
+        "status": INVALID_PROMPT if problems else None, "error": "; ".join(problems) or None,
+        "endpoint": None, "latency_s": None, "attempts": 0, "http_tries": 0, "request_key": key,
+        "generated_at": now,
+    }
+
+
+def generate_rows(client, rows: list[dict], max_attempts: int) -> None:
+    """Fill in `rows` (from `start_row`) by calling the service, regenerating bad results."""
+    pending = [row for row in rows if row["status"] != INVALID_PROMPT]
+    for attempt in range(1, max_attempts + 1):
+        if not pending:
+            break
+        replies = client.generate_many([(r["prompt"], r["width"], r["height"], r["seed"]) for r in pending])
+        still = []
+        for row, reply in zip(pending, replies):
+            row["attempts"] = attempt
+            row["http_tries"] += reply.tries
+            row["endpoint"] = reply.endpoint or row["endpoint"]
+            if reply.ok:
+                status, content, reason = classify_image(reply.payload_b64, row["width"], row["height"])
+                row.update(status=status, content=content, error=reason, latency_s=reply.latency_s,
+                           truncated=reply.truncated, used_prompt=reply.used_prompt)
+            else:
+                row.update(status=REJECTED if reply.error_kind == "rejected" else FAILED, error=reply.error,
+                           content=None)
+            if row["status"] in REGENERATE:
+                still.append(row)
+        pending = still
+
+
+_LAKES: dict = {}
+
+
+def _lake(root: str):
+    from dgx_assets.lake import Lake
+
+    if root not in _LAKES:
+        _LAKES[root] = Lake(root)
+    return _LAKES[root]
+
+
+def write_pngs(rows: list[dict], job: GenerationJob) -> None:
+    lake = _lake(job.lake_root)
+    for row in rows:
+        if row["status"] == VALID and row["content"] is not None:
+            lake.write_bytes(f"{job.png_uri.rstrip('/')}/{row['file_name']}", bytes(row["content"]))
+            row["png_path"] = f"{(job.png_final_uri or job.png_uri).rstrip('/')}/{row['file_name']}"
+
+
+# --- mapInPandas bodies -----------------------------------------------------------------------------------
+
+def generate_batches(job: GenerationJob):
+    """mapInPandas body for prompts to generate: one output row per input prompt."""
+
+    def run(frames: Iterator["pd.DataFrame"]) -> Iterator["pd.DataFrame"]:
+        import pandas as pd
+
+        client = get_client(job.client)
+        for frame in frames:
+            now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+            rows = [start_row(record, job, now) for record in _records(frame)]
+            generate_rows(client, rows, job.max_attempts)
+            write_pngs(rows, job)
+            yield pd.DataFrame(rows, columns=COLUMNS)
+
+    return run
+
+
+def rewrite_batches(job: GenerationJob):
+    """mapInPandas body for rows kept from the previous run: their PNG files go into the new version."""
+
+    def run(frames: Iterator["pd.DataFrame"]) -> Iterator["pd.DataFrame"]:
+        import pandas as pd
+
+        for frame in frames:
+            rows = _records(frame)
+            write_pngs(rows, job)
+            yield pd.DataFrame(rows, columns=COLUMNS)
+
+    return run
+
+
+def _records(frame) -> list[dict]:
+    # pandas gives NaN/NaT for missing values; the rows want None.
+    return [{key: (None if _missing(value) else value) for key, value in record.items()}
+            for record in frame.to_dict("records")]
+
+
+def _missing(value) -> bool:
+    try:
+        return value is None or (value != value)  # NaN and NaT are not equal to themselves
+    except (TypeError, ValueError):
+        return False
+
+
+# --- the Spark job ------------------------------------------------------------------------------------------
+
+def with_request_key(prompts):
+    """Add `request_key`: a hash of what decides the image (id, prompt, size, seed), to find reusable rows."""
+    from pyspark.sql import functions as F
+
+    parts = [F.coalesce(F.col(name), F.lit("")) for name in ("id", "prompt", "width", "height", "seed")]
+    return prompts.withColumn("request_key", F.sha2(F.concat_ws("\u001f", *parts), 256))
+
+
+def build_generated_frame(prompts, job: GenerationJob, previous=None):
+    """The lazy DataFrame of ernie_generated_images rows (the PNG files are written when it runs).
+
+    `prompts`: id, prompt, width, height, seed, label as strings (see prompts.read_prompts).
+    `previous`: the last version of the table; its valid rows for unchanged prompts are kept as they
+    are instead of being generated again. None regenerates everything.
+    """
+    from pyspark.sql import functions as F
+
+    keyed = with_request_key(prompts)
+    if previous is None or not set(COLUMNS) <= set(previous.columns):
+        todo = keyed
+        kept = None
+    else:
+        reusable = (previous.where(F.col("status") == VALID).where(F.col("content").isNotNull())
+                    .dropDuplicates(["request_key"]).drop("id", "prompt", "label"))
+        joined = keyed.select("request_key", "id", "prompt", "label").join(reusable, "request_key", "inner")
+        kept = joined.select(*COLUMNS).mapInPandas(rewrite_batches(job), GENERATED_SCHEMA)
+        todo = keyed.join(reusable.select("request_key"), "request_key", "left_anti")
+    generated = todo.repartition(max(1, job.tasks)).mapInPandas(generate_batches(job), GENERATED_SCHEMA)
+    return generated if kept is None else generated.unionByName(kept)
+
+
+def read_summary(lake, uri: str):
+    """The written table without the image bytes (pyarrow), or None when there is none."""
+    import pyarrow.dataset as ds
+
+    files = lake.data_files(uri)
+    if not files:
+        return None
+    return ds.dataset(files, filesystem=lake.fs, format="parquet").to_table(columns=SUMMARY_COLUMNS)
+
+
+def summarize(table) -> dict:
+    statuses = table.column("status").to_pylist()
+    counts = {status: statuses.count(status) for status in STATUSES if status in statuses}
+    total = len(statuses)
+    truncated = sum(1 for flag in table.column("truncated").to_pylist() if flag)
+    endpoints: dict = {}
+    for endpoint in table.column("endpoint").to_pylist():
+        if endpoint:
+            endpoints[endpoint] = endpoints.get(endpoint, 0) + 1
+    return {
+        "prompts": total,
+        "status_counts": counts,
+        "valid": counts.get(VALID, 0),
+        "valid_share": counts.get(VALID, 0) / total if total else 0.0,
+        "truncated": truncated,
+        "endpoints": endpoints,
+    }
