@@ -69,6 +69,12 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         "spark.executor.resource.gpu.vendor": "nvidia.com",
         "spark.executor.resource.gpu.discoveryScript": "/opt/dgx_assets/deploy/spark/gpu-discovery.sh",
         "spark.kubernetes.executor.node.selector.nvidia.com/gpu.present": "true",
+        # The template adds the GPU-node toleration and a non-root user (deploy/spark/executor-pod-template.yaml).
+        "spark.kubernetes.executor.podTemplateFile": "/opt/dgx_assets/deploy/spark/executor-pod-template.yaml",
+        "spark.kubernetes.executor.podTemplateContainerName": "executor",
+        # Client mode: the step pod is the driver; executors reach it on the pod's own address.
+        "spark.driver.host": os.environ.get("POD_IP", "127.0.0.1"),
+        "spark.driver.bindAddress": "0.0.0.0",
     }
 
 
