@@ -1,0 +1,280 @@
+"""What every benchmark shares: timing (repeats, median, spread), goals, RESULT lines and the JSON record.
+
+A benchmark script defines `run(report, args)` and ends with `sys.exit(main(NAME, run, __doc__))`.
+`run` measures the project's path and the plain baseline on the same inputs, checks that both gave the
+same result (raising `Mismatch` if not, so a fast wrong path cannot win), and records figures and goals
+on the `Report`. `main` then prints one line per goal:
+
+    RESULT <name> <value> (goal >= <x>)
+    RESULT <name> <value> (goal <= <x>)
+
+and writes everything to `bench/results/<name>.json` (`<name>.quick.json` in quick mode, so a smoke run
+never overwrites the figures of a full one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+
+
+class Mismatch(AssertionError):
+    """The project's path and the baseline disagree: timing them would compare different work."""
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise Mismatch(message)
+
+
+# --- environment ------------------------------------------------------------------------------------------
+
+
+def prepare_environment() -> None:
+    """Loopback only, no telemetry, the venv's Python for Spark workers (DESIGN.md: known pitfalls)."""
+    defaults = {
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "GX_ANALYTICS_ENABLED": "false",
+        "DAGSTER_DISABLE_TELEMETRY": "true",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
+def work_dir(name: str) -> Path:
+    """`.dgx/bench/<name>` (git ignores .dgx): generated inputs and outputs, never committed.
+
+    DGX_BENCH_DIR moves it (the smoke test points it at a temporary folder).
+    """
+    base = Path(os.environ.get("DGX_BENCH_DIR") or REPO / ".dgx" / "bench")
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def isolate_state(name: str) -> Path:
+    """Point the project's state (lake, MLflow, Spark event log) at the benchmark's own folder."""
+    state = work_dir(name) / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    os.environ["DGX_STATE_DIR"] = str(state)
+    for variable in ("DGX_LAKE_ROOT", "DGX_LANDING_URI", "DGX_PROMPTS_URI", "MLFLOW_TRACKING_URI"):
+        os.environ.pop(variable, None)
+    return state
+
+
+# --- timing -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    """Wall-clock seconds of repeated runs of one side."""
+
+    samples: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: how far apart the repeats were, as a fraction."""
+        return (max(self.samples) - min(self.samples)) / self.median if self.median else 0.0
+
+    def rate(self, items: int) -> float:
+        """Items per second at the median time."""
+        return items / self.median
+
+    def to_dict(self, items: int | None = None) -> dict:
+        out = {
+            "median_s": round(self.median, 6),
+            "min_s": round(min(self.samples), 6),
+            "max_s": round(max(self.samples), 6),
+            "spread": round(self.spread, 4),
+            "samples_s": [round(s, 6) for s in self.samples],
+        }
+        if items:
+            out["items"] = items
+            out["per_s"] = round(self.rate(items), 3)
+        return out
+
+    def describe(self, items: int | None = None, unit: str = "items") -> str:
+        text = f"median {self.median:.3f}s (min {min(self.samples):.3f}, max {max(self.samples):.3f}, n={len(self.samples)})"
+        if items:
+            text += f" = {self.rate(items):,.1f} {unit}/s"
+        return text
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - started, value
+
+
+def interleaved(sides: dict[str, Callable[[], object]], repeats: int, *, log=print) -> dict[str, Timing]:
+    """Run each side `repeats` times, alternating (A B A B ...), so load from neighbours hits both alike.
+
+    The order flips every round (A B, B A, ...) so neither side always runs on a warmer cache.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for round_index in range(repeats):
+        order = names if round_index % 2 == 0 else names[::-1]
+        for name in order:
+            seconds, _ = timed(sides[name])
+            samples[name].append(seconds)
+            log(f"  [{round_index + 1}/{repeats}] {name}: {seconds:.3f}s")
+    return {name: Timing(values) for name, values in samples.items()}
+
+
+def ratio_spread(numerator: Timing, denominator: Timing) -> tuple[float, float]:
+    """The lowest and highest ratio pairing round by round (same round = same machine load)."""
+    ratios = [n / d for n, d in zip(numerator.samples, denominator.samples) if d]
+    return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
+
+
+# --- goals and the record ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    name: str
+    value: float
+    op: str  # ">=" or "<="
+    goal: float
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in (">=", "<="):
+            raise ValueError(f"goal operator must be '>=' or '<=', got {self.op!r}")
+
+    @property
+    def met(self) -> bool:
+        return self.value >= self.goal if self.op == ">=" else self.value <= self.goal
+
+    def line(self) -> str:
+        return f"RESULT {self.name} {format_number(self.value)} (goal {self.op} {format_number(self.goal)})"
+
+
+def format_number(value: float) -> str:
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e15):
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+@dataclass
+class Report:
+    name: str
+    quick: bool
+    params: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    results: list[Result] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def figure(self, key: str, value) -> None:
+        self.figures[key] = value
+
+    def result(self, name: str, value: float, op: str, goal: float, detail: str = "") -> Result:
+        outcome = Result(name, float(value), op, float(goal), detail)
+        self.results.append(outcome)
+        return outcome
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}")
+        self.notes.append(text)
+
+    def to_dict(self, started: dt.datetime, seconds: float, command: str) -> dict:
+        return {
+            "benchmark": self.name,
+            "quick": self.quick,
+            "command": command,
+            "date": started.isoformat(timespec="seconds"),
+            "wall_s": round(seconds, 2),
+            "machine": machine(),
+            "params": self.params,
+            "figures": self.figures,
+            "results": [asdict(r) | {"met": r.met, "line": r.line()} for r in self.results],
+            "notes": self.notes,
+        }
+
+
+def machine() -> dict:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_end": [round(x, 2) for x in load] if load else None,
+    }
+
+
+def results_path(name: str, quick: bool, results_dir: Path | None = None) -> Path:
+    folder = Path(results_dir or os.environ.get("DGX_BENCH_RESULTS") or RESULTS_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / (f"{name}.quick.json" if quick else f"{name}.json")
+
+
+def parser(description: str | None) -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("--quick", action="store_true", help="tiny inputs, fewer repeats: a smoke run of a minute or two")
+    cli.add_argument("--repeats", type=int, default=None, help="timed repeats per side (default: 3, quick: 2)")
+    cli.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default bench/results)")
+    return cli
+
+
+def main(name: str, run: Callable[[Report, argparse.Namespace], None], description: str | None,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None, argv: list[str] | None = None) -> int:
+    """Parse the flags, run the benchmark, print the RESULT lines and write the JSON. Exit code 0 unless it broke."""
+    cli = parser(description)
+    if add_arguments:
+        add_arguments(cli)
+    args = cli.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
+    if args.repeats < 1:
+        cli.error("--repeats must be at least 1")
+    prepare_environment()
+    report = Report(name, quick=args.quick)
+    report.params["repeats"] = args.repeats
+    command = " ".join(["python -m", f"bench.{name}", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+    started, clock = dt.datetime.now().astimezone(), time.perf_counter()
+    print(f"== bench.{name} {'(quick) ' if args.quick else ''}started {started:%Y-%m-%d %H:%M:%S}", flush=True)
+    failed = None
+    try:
+        run(report, args)
+    except Mismatch as error:
+        failed = f"MISMATCH: {error}"
+    except Exception as error:  # the JSON still records what broke, for run_all's summary
+        traceback.print_exc()
+        failed = f"ERROR: {type(error).__name__}: {error}"
+    seconds = time.perf_counter() - clock
+    record = report.to_dict(started, seconds, command)
+    if failed:
+        record["error"] = failed
+        print(failed, file=sys.stderr)
+    path = results_path(name, args.quick, args.results_dir)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    for outcome in report.results:
+        print(outcome.line(), flush=True)
+    missed = [outcome.name for outcome in report.results if not outcome.met]
+    if missed:
+        print(f"goals missed: {', '.join(missed)}", flush=True)
+    print(f"== bench.{name} done in {seconds:.1f}s; wrote {path}", flush=True)
+    return 1 if failed else 0

@@ -1,0 +1,224 @@
+"""Edge model: the int8 TFLite model against the Keras model it came from, on the same test images.
+
+Project: `dgx_assets.edge.build.build_edge_model` (what the edge_model asset runs): int8 conversion
+calibrated on training images, then parity on the test split, the TFLite model fed decoded raw 300x300
+pixels in `ai_edge_litert` (resize and normalisation inside the model, as a device runs it) and the Keras
+model fed the image_features tensors it was evaluated on, one image at a time (compiled, batch of one),
+both with all of this machine's cores.
+
+The lake it reads is built here with the project's own plain-Python steps (no Spark): raw_images rows
+from `ingest.images.inspect_image`, image_features from `training.features.compute_features`, and
+trained_model from `training.train.train_classifier` (the default mobilenet_small classifier), on the
+ELPV images when installed (all 2,624; quick: 240), else on synthetic cells. `--lake DIR` measures an
+existing lake instead (e.g. the one `make demo` filled).
+
+Goals: TFLite size <= 0.3 x the .keras file, CPU latency per image <= 0.5 x Keras's, accuracy within one
+point of Keras's. Both sides run on the same test images (checked); latency is re-measured `repeats` times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import Report, Timing, check, isolate_state, main, timed, work_dir
+from bench.data import elpv_available, synthetic_pixels
+
+NAME = "edge"
+
+
+def source_images(limit: int | None) -> list[tuple[str, bytes, str]]:
+    """(name, file bytes, label): the ELPV images, else synthetic PNG cells."""
+    if elpv_available():
+        from dgx_assets.demo import elpv_records
+
+        return [(r["file"].name, r["file"].read_bytes(), r["label"]) for r in elpv_records(limit)]
+    import io
+
+    from PIL import Image
+
+    out = []
+    for seed in range(limit or 2000):
+        pixels, label = synthetic_pixels(seed)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels, "L").save(buffer, format="PNG")
+        out.append((f"cell-{seed:06d}.png", buffer.getvalue(), label))
+    return out
+
+
+def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
+    """raw_images, image_features and trained_model, written with the project's plain-Python functions."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from dgx_assets.ingest import images
+    from dgx_assets.training.dataset import FeatureFiles
+    from dgx_assets.training.features import FeatureConfig, compute_features
+    from dgx_assets.training.train import TrainConfig, train_classifier
+
+    shutil.rmtree(root, ignore_errors=True)
+    raw_dir, features_dir = root / "raw_images" / "batch=bench", root / "image_features" / "batch=bench"
+    raw_dir.mkdir(parents=True)
+    features_dir.mkdir(parents=True)
+    rows = []
+    for name, content, label in source_images(limit):
+        verdict = images.inspect_image(content, name)
+        digest = images.sha256_hex(content)
+        rows.append({"path": f"file:/landing/bench/{label}/{name}", "batch": "bench", "label": label,
+                     "sha256": digest, **verdict.as_dict(), "split": images.split_for(digest),
+                     "content": content if verdict.status == images.VALID else None})
+    raw = pd.DataFrame(rows)
+    pq.write_table(pa.Table.from_pandas(raw.drop(columns=["batch"]), preserve_index=False),
+                   raw_dir / "part-00000.parquet")
+    valid = raw[raw["status"] == images.VALID]
+    seconds, features = timed(lambda: pd.concat(
+        [compute_features(valid.iloc[i:i + 64], FeatureConfig()) for i in range(0, len(valid), 64)]))
+    feature_file = features_dir / "part-00000.parquet"
+    pq.write_table(pa.Table.from_pandas(features.drop(columns=["batch"]), preserve_index=False), feature_file)
+    print(f"  {len(valid)} valid images, features in {seconds:.0f}s")
+
+    files = FeatureFiles(pafs.LocalFileSystem(), (str(feature_file),))
+    config = TrainConfig(epochs=epochs, patience=max(2, epochs // 3))
+    with tempfile.TemporaryDirectory(prefix="bench-edge-ckpt-") as checkpoints:
+        seconds, result = timed(lambda: train_classifier(files, config, checkpoints))
+    print(f"  trained {len(result.epochs)} epochs in {seconds:.0f}s, test accuracy {result.test.metrics['accuracy']:.3f}")
+    model_dir = root / "trained_model"
+    model_dir.mkdir()
+    result.model.save(model_dir / "model.keras")
+    info = {"class_names": result.class_names, "input_shape": result.input_shape, "mlflow_run_id": None,
+            "registered_model_name": "bench", "model_version": None, "feature_files": [str(feature_file)],
+            "test_metrics": result.test.metrics}
+    (model_dir / "model_info.json").write_text(json.dumps(info, indent=2, default=float))
+    return {"images": len(raw), "valid": len(valid), "epochs_run": len(result.epochs), "training_s": round(seconds, 1),
+            "keras_test_accuracy_at_training": result.test.metrics["accuracy"]}
+
+
+def median_latency_ms(call, inputs: np.ndarray) -> float:
+    import time
+
+    call(inputs[:1])
+    latencies = []
+    for image in inputs:
+        started = time.perf_counter()
+        call(image[np.newaxis])
+        latencies.append(time.perf_counter() - started)
+    return float(np.median(latencies) * 1000)
+
+
+def like_for_like(model, edge_model: bytes, data, threads: int, count: int) -> dict:
+    """Where the edge model's time goes: the same work on both sides, with and without the in-model resize.
+
+    The edge contract puts the 300x300 -> model-size resize inside the TFLite model, while parity times
+    Keras on tensors image_features already resized. Here Keras also gets the resize (the same antialiased
+    bilinear tf.image.resize), and TFLite is also converted without it (raw size = model size).
+    """
+    import tensorflow as tf
+
+    from dgx_assets.edge import convert, parity
+
+    height, width, channels = convert.model_input_shape(model)
+    raw = data.test_raw[:count]
+    features = data.test_features[:count]
+    with_resize = tf.function(
+        lambda x: model(tf.image.resize(tf.cast(x, tf.float32), (height, width), method="bilinear", antialias=True),
+                        training=False),
+        input_signature=[tf.TensorSpec([1, *raw.shape[1:]], tf.uint8)])
+    keras_with_resize = median_latency_ms(lambda x: with_resize(x).numpy(), raw)
+    config = convert.EdgeConversionConfig(raw_height=height, raw_width=width, quantization="int8")
+    calibration = [np.asarray(image) for image in data.test_features[:50]]
+    no_resize = convert.convert_to_tflite(model, config, calibration)
+    tflite_no_resize = float(np.median(parity.tflite_predict(no_resize, features, num_threads=threads).latencies_s) * 1000)
+    single = tf.function(lambda x: model(x, training=False), input_signature=[tf.TensorSpec([1, height, width, channels], tf.float32)])
+    keras_no_resize = median_latency_ms(lambda x: single(x).numpy(), features.astype(np.float32))
+    tflite_with_resize = float(np.median(parity.tflite_predict(edge_model, raw, num_threads=threads).latencies_s) * 1000)
+    # TFLite's own RESIZE_BILINEAR (resize_method="bilinear": no antialiasing, so not the parity default).
+    builtin = convert.convert_to_tflite(model, convert.EdgeConversionConfig(
+        raw_height=raw.shape[1], raw_width=raw.shape[2], quantization="int8", resize_method="bilinear"),
+        [np.asarray(image) for image in data.representative[:50]])
+    tflite_builtin_resize = float(np.median(parity.tflite_predict(builtin, raw, num_threads=threads).latencies_s) * 1000)
+    out = {
+        "tflite_builtin_bilinear_resize_ms": round(tflite_builtin_resize, 3),
+        "keras_model_input_ms": round(keras_no_resize, 3), "tflite_model_input_ms": round(tflite_no_resize, 3),
+        "keras_with_resize_ms": round(keras_with_resize, 3), "tflite_with_resize_ms": round(tflite_with_resize, 3),
+        "ratio_model_input": round(tflite_no_resize / keras_no_resize, 3),
+        "ratio_with_resize": round(tflite_with_resize / keras_with_resize, 3),
+    }
+    print("like for like (ms per image): " + ", ".join(f"{k} {v}" for k, v in out.items()))
+    return out
+
+
+def run(report: Report, args) -> None:
+    isolate_state(NAME)
+    from dgx_assets.edge import parity
+    from dgx_assets.edge.build import EdgeBuildSettings, build_edge_model, load_trained_model
+    from dgx_assets.lake import Lake
+
+    threads = os.cpu_count() or 1
+    if args.lake:
+        root = Path(args.lake)
+        report.params["lake"] = str(root)
+    else:
+        limit = args.images or (240 if args.quick else None)
+        epochs = args.epochs or (2 if args.quick else 15)
+        root = work_dir(NAME) / "lake"
+        report.params.update(images_limit=limit, epochs=epochs, source="elpv" if elpv_available() else "synthetic")
+        report.figure("lake", build_lake(root, limit, epochs))
+    lake = Lake(str(root))
+    settings = EdgeBuildSettings(num_threads=threads, max_test_images=0,
+                                 representative_samples=50 if args.quick else 200,
+                                 latency_images=30 if args.quick else 100)
+    report.params.update(num_threads=threads, quantization=settings.quantization)
+
+    seconds, result = timed(lambda: build_edge_model(lake, settings, tracking_uri=None))
+    first = result.report
+    report.figure("build_edge_model_s", round(seconds, 1))
+    check(first.images == len(result.data.test_raw) == len(result.data.test_features),
+          "TFLite and Keras must see the same test images")
+    print(f"edge model built in {seconds:.0f}s: {first.images} test images, agreement {first.top1_agreement:.2%}, "
+          f"Keras {first.keras_accuracy:.2%} / TFLite {first.tflite_accuracy:.2%}")
+
+    # Latency again, `repeats` times, on the same images (the first measurement is the build's own).
+    tflite_model = (root / "edge_model" / "model.tflite").read_bytes()
+    with tempfile.TemporaryDirectory(prefix="bench-edge-") as tmp:
+        trained = load_trained_model(lake, Path(tmp))
+        reports = [first]
+        for _ in range(args.repeats - 1):
+            again, _, _ = parity.measure_parity(
+                tflite_model, trained.model, raw_images=result.data.test_raw, keras_inputs=result.data.test_features,
+                labels=result.data.test_labels, keras_size_bytes=trained.size_bytes,
+                quantization=settings.quantization, latency_images=settings.latency_images, num_threads=threads)
+            check(again.tflite_accuracy == first.tflite_accuracy, "the TFLite model changed its answers between runs")
+            reports.append(again)
+        report.figure("like_for_like", like_for_like(trained.model, tflite_model, result.data, threads, settings.latency_images))
+    keras_ms = Timing([r.keras_latency_ms / 1000 for r in reports])
+    tflite_ms = Timing([r.tflite_latency_ms / 1000 for r in reports])
+    latency_ratio = float(np.median([r.latency_ratio for r in reports]))
+    accuracy_points = abs(first.keras_accuracy - first.tflite_accuracy) * 100
+    report.figure("parity", first.to_dict())
+    report.figure("keras_latency_per_image", keras_ms.to_dict())
+    report.figure("tflite_latency_per_image", tflite_ms.to_dict())
+    report.figure("latency_ratio_runs", [round(r.latency_ratio, 3) for r in reports])
+    print(f"size: .keras {first.keras_size_bytes:,} B, .tflite {first.tflite_size_bytes:,} B")
+    print(f"latency per image (median of {settings.latency_images}, {len(reports)} runs): "
+          f"Keras {keras_ms.median * 1000:.2f} ms, TFLite {tflite_ms.median * 1000:.2f} ms")
+    report.result("edge_size_ratio", first.size_ratio, "<=", 0.3)
+    report.result("edge_latency_ratio", latency_ratio, "<=", 0.5)
+    report.result("edge_accuracy_difference_points", accuracy_points, "<=", 1.0)
+
+
+def add_arguments(cli) -> None:
+    cli.add_argument("--lake", default=None, help="measure an existing lake (trained_model, raw_images, image_features)")
+    cli.add_argument("--images", type=int, default=None, help="ELPV images to use (default all; quick 240)")
+    cli.add_argument("--epochs", type=int, default=None, help="training epochs (default 15; quick 2)")
+
+
+if __name__ == "__main__":
+    sys.exit(main(NAME, run, __doc__, add_arguments))

@@ -1,0 +1,259 @@
+"""Serving fleet: the ERNIE client and serving processes, with the model time fixed by the server's option.
+
+Every serving process runs `--fixed-latency-ms` (the documented benchmark option: each request holds its
+predictor at least that long), so the figures measure the client and the server, not this CPU. The
+client is the one Spark executors use (`dgx_assets.generation.client.ErnieClient`, pooled keep-alive
+connections, round-robin over endpoints); servers are started with `generation.launcher`. Images are
+64x64 so that encoding them costs next to nothing.
+
+Before timing, the images that come back through client and server must be byte-identical to the PNGs
+the bare predictor (`serving.engine.GeneratorEngine.generate`, in its own process: paddle never enters
+this one) makes for the same prompt, seed and size.
+
+Goals:
+- throughput with 2 instances over 1 instance, the client keeping 4 requests in flight: >= 1.9 (2.0 is
+  the limit);
+- new TCP connections per request over a run (counted by the client's connection pools): <= 1 %;
+- sockets left in TIME_WAIT on the servers' ports after 1,000 requests (new ones only): <= 5;
+- per-request overhead of a sequential call through client and server against the bare predictor call
+  with the same fixed latency: <= 10 %.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import REPO, Report, Timing, check, isolate_state, main, work_dir
+
+NAME = "serving"
+PROMPT = "Electroluminescence image of a defective mono solar cell with a diagonal crack"
+SIZE = 64
+CONCURRENCY = 4
+
+BARE_PREDICTOR = r"""
+import base64, hashlib, json, sys, time
+from dgx_assets.serving.engine import GeneratorEngine
+args = json.loads(sys.argv[1])
+engine = GeneratorEngine(args["model_dir"], device="cpu")
+tokens = engine.tokenize(args["prompt"])
+size, latency = args["size"], args["fixed_latency_ms"] / 1000.0
+digests = [hashlib.sha256(engine.generate(tokens, seed, size, size)[0]).hexdigest() for seed in args["seeds"]]
+engine.generate(tokens, 0, size, size, hold_until=time.monotonic() + latency)
+times = []
+for index in range(args["calls"]):
+    started = time.monotonic()
+    engine.generate(tokens, index, size, size, hold_until=started + latency)  # what the server does per request
+    times.append(time.monotonic() - started)
+print(json.dumps({"digests": digests, "latencies_s": times}))
+"""
+
+# The same server with TCP_NODELAY on its sockets: a diagnosis of the per-request overhead, not the project.
+NODELAY_SERVER = (
+    "import sys; from dgx_assets.serving import server; server.Handler.disable_nagle_algorithm = True; "
+    "from dgx_assets.serving.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def bare_predictor(model_dir: Path, fixed_latency_ms: float, calls: int, seeds: list[int]) -> dict:
+    args = {"model_dir": str(model_dir), "prompt": PROMPT, "size": SIZE, "fixed_latency_ms": fixed_latency_ms,
+            "calls": calls, "seeds": seeds}
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", BARE_PREDICTOR, json.dumps(args)], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"bare predictor failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- sockets ----------------------------------------------------------------------------------------------
+
+
+def time_wait_sockets(ports: set[int]) -> set[tuple[str, str]]:
+    """TIME_WAIT sockets (local, remote address) with a server port on either end, from /proc/net/tcp*."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state = fields[1], fields[2], fields[3]
+            if state != "06":  # TIME_WAIT
+                continue
+            if int(local.rsplit(":", 1)[1], 16) in ports or int(remote.rsplit(":", 1)[1], 16) in ports:
+                found.add((local, remote))
+    return found
+
+
+def connections_opened(client) -> int:
+    """New TCP connections the client's urllib3 pools have opened so far."""
+    pools = client._pool.pools  # urllib3's per-host pools; each counts the connections it opened
+    return sum(pools[key].num_connections for key in pools.keys())
+
+
+# --- client runs ------------------------------------------------------------------------------------------
+
+
+def make_client(urls: list[str], concurrency: int = CONCURRENCY):
+    from dgx_assets.generation.client import ClientSettings, ErnieClient
+
+    return ErnieClient(ClientSettings(endpoints=tuple(urls), concurrency=concurrency))
+
+
+def burst(client, requests: int, seed_offset: int = 0) -> float:
+    """`requests` images through generate_many; seconds, after checking every one came back."""
+    jobs = [(PROMPT, SIZE, SIZE, seed_offset + i) for i in range(requests)]
+    started = time.perf_counter()
+    replies = client.generate_many(jobs)
+    seconds = time.perf_counter() - started
+    failed = [r.error for r in replies if not r.ok]
+    check(not failed, f"{len(failed)} of {requests} requests failed, e.g. {failed[:1]}")
+    return seconds
+
+
+def sequential_latencies(client, calls: int) -> list[float]:
+    client.generate(PROMPT, SIZE, SIZE, 0)  # warm: connection open, /status read
+    times = []
+    for index in range(calls):
+        started = time.perf_counter()
+        reply = client.generate(PROMPT, SIZE, SIZE, index)
+        times.append(time.perf_counter() - started)
+        check(reply.ok, f"request failed: {reply.error}")
+    return times
+
+
+def start_nodelay_server(model_dir: Path, fixed_latency_ms: float, log_dir: Path):
+    from dgx_assets.generation.launcher import ServerProcess, wait_ready
+
+    port_file = log_dir / "nodelay.port"
+    port_file.write_text("")
+    log_path = log_dir / "nodelay.log"
+    log = open(log_path, "ab")
+    process = subprocess.Popen(
+        [sys.executable, "-c", NODELAY_SERVER, "serve", "--model-dir", str(model_dir), "--port", "0",
+         "--port-file", str(port_file), "--fixed-latency-ms", str(fixed_latency_ms)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    server = ServerProcess(process, port_file, log_path, _log_handle=log)
+    try:
+        wait_ready([server])
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def run(report: Report, args) -> None:
+    isolate_state(NAME)
+    from dgx_assets.generation import launcher
+
+    fixed_ms = args.fixed_latency_ms or (50.0 if args.quick else 100.0)
+    burst_requests = 40 if args.quick else 300
+    time_wait_requests = 200 if args.quick else 1_000
+    sequential_calls = 20 if args.quick else 60
+    report.params.update(fixed_latency_ms=fixed_ms, image_size=SIZE, client_concurrency=CONCURRENCY,
+                         burst_requests=burst_requests, time_wait_requests=time_wait_requests,
+                         sequential_calls=sequential_calls)
+    model_dir = launcher.cached_quick_generator()  # shared with the tests, rebuilt when its code changes
+    seeds = [0, 1, 2, 3]
+    bare = bare_predictor(model_dir, fixed_ms, sequential_calls, seeds)
+
+    logs = work_dir(NAME) / "logs"
+    servers = launcher.start_local_servers(2, model_dir, log_dir=logs, extra_args=["--fixed-latency-ms", str(fixed_ms)])
+    try:
+        urls = [server.url for server in servers]
+        ports = {server.port for server in servers}
+        # Same result: the images through client and server are the bare predictor's PNG bytes.
+        checker = make_client(urls, concurrency=1)
+        for seed, digest in zip(seeds, bare["digests"]):
+            reply = checker.generate(PROMPT, SIZE, SIZE, seed)
+            check(reply.ok, f"request failed: {reply.error}")
+            check(hashlib.sha256(base64.b64decode(reply.payload_b64)).hexdigest() == digest,
+                  f"seed {seed}: the served PNG differs from the bare predictor's")
+        print(f"  same PNG bytes as the bare predictor for seeds {seeds}")
+
+        # TIME_WAIT and new connections over 1,000 requests on the two-instance fleet, with the client warm
+        # (as a Spark worker's pooled client is after its first batch): connections opened during the run.
+        fleet = {"1 instance": make_client(urls[:1]), "2 instances": make_client(urls)}
+        for warm_client in fleet.values():
+            burst(warm_client, 2 * CONCURRENCY)
+        client = fleet["2 instances"]
+        before, opened_before = time_wait_sockets(ports), connections_opened(client)
+        seconds = burst(client, time_wait_requests, seed_offset=10_000)
+        opened, stats = connections_opened(client) - opened_before, client.stats()
+        left = time_wait_sockets(ports) - before
+        report.figure("fleet_run", {"requests": time_wait_requests, "seconds": round(seconds, 2),
+                                    "per_s": round(time_wait_requests / seconds, 2), "connections_opened": opened,
+                                    "connections_at_warm_up": opened_before,
+                                    "per_endpoint": stats, "new_time_wait_sockets": len(left)})
+        print(f"{time_wait_requests} requests on 2 instances in {seconds:.1f}s: {opened} new connections "
+              f"({opened_before} opened while warming up), {len(left)} new TIME_WAIT sockets; per endpoint {stats}")
+        shares = [entry["requests"] for entry in stats.values()]
+        check(min(shares) > 0.4 * time_wait_requests, f"round-robin is lopsided: {shares}")
+
+        # Throughput, 1 instance vs 2 (same client settings, 4 requests in flight), interleaved.
+        samples: dict[str, list[float]] = {"1 instance": [], "2 instances": []}
+        for round_index in range(args.repeats):
+            order = list(samples) if round_index % 2 == 0 else list(samples)[::-1]
+            for name in order:
+                seconds = burst(fleet[name], burst_requests, seed_offset=20_000 + round_index * burst_requests)
+                samples[name].append(seconds)
+                print(f"  [{round_index + 1}/{args.repeats}] {name}: {burst_requests / seconds:.1f} requests/s")
+        one, two = Timing(samples["1 instance"]), Timing(samples["2 instances"])
+        report.figure("one_instance", one.to_dict(burst_requests))
+        report.figure("two_instances", two.to_dict(burst_requests))
+        report.figure("ceiling_per_instance_per_s", round(1000 / fixed_ms, 2))
+        print(f"1 instance: {one.describe(burst_requests, 'requests')} (ceiling {1000 / fixed_ms:.1f}/s)")
+        print(f"2 instances: {two.describe(burst_requests, 'requests')} (ceiling {2000 / fixed_ms:.1f}/s)")
+        if one.rate(burst_requests) > 1.05 * 1000 / fixed_ms:
+            report.note(f"one instance served {one.rate(burst_requests):.1f} requests/s, over the "
+                        f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold is not per predictor "
+                        "(it counts from the request's arrival, so a request that queued for the predictor holds "
+                        "it for less), and the figure is bounded by the client's requests in flight instead")
+
+        # Per-request overhead: sequential calls through client and server vs the bare predictor call.
+        served = sequential_latencies(make_client(urls[:1], concurrency=1), sequential_calls)
+        bare_median, served_median = statistics.median(bare["latencies_s"]), statistics.median(served)
+        overhead = served_median / bare_median - 1
+        report.figure("bare_predictor_latency", Timing(bare["latencies_s"]).to_dict())
+        report.figure("served_latency", Timing(served).to_dict())
+        report.figure("overhead_ms", round((served_median - bare_median) * 1000, 2))
+        print(f"sequential request {served_median * 1000:.1f} ms vs bare predictor {bare_median * 1000:.1f} ms: "
+              f"+{(served_median - bare_median) * 1000:.1f} ms ({overhead:.1%})")
+    finally:
+        launcher.stop_servers(servers)
+
+    if not args.no_diagnosis:
+        # The same sequential measurement against a server with TCP_NODELAY (Nagle off): what the overhead
+        # would be with the server's response written without waiting for the client's delayed ACK.
+        nodelay = start_nodelay_server(model_dir, fixed_ms, logs)
+        try:
+            fast = statistics.median(sequential_latencies(make_client([nodelay.url], concurrency=1), sequential_calls))
+        finally:
+            nodelay.stop()
+        report.figure("diagnosis_overhead_with_tcp_nodelay", round(fast / bare_median - 1, 4))
+        print(f"diagnosis: with TCP_NODELAY on the server's sockets the same request takes {fast * 1000:.1f} ms "
+              f"(+{(fast - bare_median) * 1000:.1f} ms, {fast / bare_median - 1:.1%})")
+
+    report.result("serving_two_over_one_instance", one.median / two.median, ">=", 1.9)
+    report.result("serving_new_connections_pct", 100.0 * opened / time_wait_requests, "<=", 1.0)
+    report.result("serving_time_wait_after_requests", len(left), "<=", 5)
+    report.result("serving_request_overhead", overhead, "<=", 0.10)
+
+
+def add_arguments(cli) -> None:
+    cli.add_argument("--fixed-latency-ms", type=float, default=None, help="server model time (default 100; quick 50)")
+    cli.add_argument("--no-diagnosis", action="store_true", help="skip the TCP_NODELAY comparison server")
+
+
+if __name__ == "__main__":
+    sys.exit(main(NAME, run, __doc__, add_arguments))

@@ -1,0 +1,193 @@
+"""Training input pipeline: images/s that training consumes streaming from Parquet vs from memory.
+
+Project: `dgx_assets.training.dataset.make_dataset` over image_features Parquet files, as
+`train_classifier` builds it for the training split (shuffled, flip augmentation, batches of 32).
+Baseline: the same training tensors already in memory (numpy), through `tf.data.from_tensor_slices`
+with the same shuffle buffer, augmentation and batching: the fastest a pipeline can feed this model.
+
+Measured twice: the pipeline alone (one epoch iterated, no model: how fast it can feed), and what
+training actually consumes (`model.fit` for one epoch of the project's classifier, compiled as
+`train_classifier` compiles it; goal: at least 0.9 of the in-memory figure, i.e. the input pipeline
+does not starve the model). Before timing, the unshuffled, unaugmented project dataset must yield
+exactly the in-memory tensors and labels, in order.
+Inputs: synthetic image_features Parquet (uint8 128x128x1 tensors, two labels, 70/15/15 splits),
+5,000 rows in 4 files (quick: 400 rows).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import Report, check, interleaved, isolate_state, main, ratio_spread, timed, work_dir
+
+NAME = "train_input"
+SHAPE = (128, 128, 1)
+BATCH = 32
+SEED = 42
+
+
+def write_features(folder: Path, rows: int, files: int = 4) -> list[str]:
+    """Synthetic image_features Parquet, in the layout the feature job writes (made once per size)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dgx_assets.training.features import FEATURE_COLUMNS
+
+    done = folder / "_DONE"
+    if not done.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        per_file = -(-rows // files)
+        for index in range(files):
+            count = min(per_file, rows - index * per_file)
+            labels = rng.integers(0, 2, count)
+            bucket = rng.random(count)
+            pixels = rng.integers(0, 256, (count, *SHAPE), dtype=np.uint8)
+            pixels[labels == 1, 40:44, :, :] = 0  # a dark line marks the "defective" class
+            columns = {
+                "sha256": [f"{index:02d}{i:062x}" for i in range(count)],
+                "path": [f"file:/bench/{index}/{i}.png" for i in range(count)],
+                "batch": ["bench"] * count,
+                "label": np.where(labels == 1, "defective", "functional").tolist(),
+                "split": np.where(bucket < 0.15, "test", np.where(bucket < 0.3, "validation", "train")).tolist(),
+                "source_width": [300] * count,
+                "source_height": [300] * count,
+                "tensor": [image.tobytes() for image in pixels],
+                "tensor_shape": [list(SHAPE)] * count,
+                "brightness": pixels.mean(axis=(1, 2, 3)) / 255.0,
+                "contrast": pixels.std(axis=(1, 2, 3)) / 255.0,
+                "sharpness": [0.0] * count,
+                "embedding": [None] * count,
+                "feature_status": ["ok"] * count,
+                "feature_error": [None] * count,
+                "feature_device": ["cpu"] * count,
+            }
+            table = pa.table({name: columns[name] for name in FEATURE_COLUMNS})
+            pq.write_table(table, folder / f"part-{index:05d}.zstd.parquet", compression="zstd")
+        done.write_text(str(rows))
+    return sorted(str(p) for p in folder.glob("*.parquet"))
+
+
+def in_memory(files, index) -> tuple[np.ndarray, np.ndarray]:
+    """The training split's tensors and label ids, read once into memory, in the dataset's scan order."""
+    import pyarrow.dataset as pads
+
+    table = files.dataset().to_table(
+        columns=["tensor", "label"],
+        filter=(pads.field("split") == "train") & (pads.field("feature_status") == "ok"),
+    )
+    ids = {name: i for i, name in enumerate(index.class_names)}
+    images = np.stack([np.frombuffer(t, np.uint8).reshape(index.tensor_shape) for t in table.column("tensor").to_pylist()])
+    labels = np.array([ids[label] for label in table.column("label").to_pylist()], dtype=np.int32)
+    return images, labels
+
+
+def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, augment: bool, buffer: int):
+    """The best-case pipeline: make_dataset's steps, from tensors already in memory."""
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((images, labels))
+    if shuffle:
+        data = data.shuffle(min(buffer, len(images)), seed=SEED, reshuffle_each_iteration=True)
+
+    def to_model_input(image, label):
+        image = tf.cast(image, tf.float32)
+        if augment:
+            image = tf.image.random_flip_left_right(image, seed=SEED)
+            image = tf.image.random_flip_up_down(image, seed=SEED + 1)
+        return image, label
+
+    return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+
+
+def iterate(dataset) -> int:
+    return sum(int(images.shape[0]) for images, _ in dataset)
+
+
+def run(report: Report, args) -> None:
+    isolate_state(NAME)
+    import keras
+    import pyarrow.fs as pafs
+    import tensorflow as tf
+
+    from dgx_assets.training.dataset import FeatureFiles, make_dataset, scan_features
+    from dgx_assets.training.model import build_classifier
+    from dgx_assets.training.train import TrainConfig
+
+    rows = args.rows or (400 if args.quick else 5_000)
+    paths = write_features(work_dir(NAME) / f"features-{rows}", rows)
+    files = FeatureFiles(pafs.LocalFileSystem(), tuple(paths))
+    index = scan_features(files)
+    train_rows = index.rows("train")
+    config = TrainConfig()
+    report.params.update(rows=rows, train_images=train_rows, files=len(paths), batch_size=BATCH,
+                         tensor_shape=list(index.tensor_shape), shuffle_buffer=config.shuffle_buffer)
+
+    keras.utils.set_random_seed(SEED)
+    tf.config.experimental.enable_op_determinism()  # as train_classifier runs
+    images, labels = in_memory(files, index)
+    check(len(images) == train_rows, f"{len(images)} in-memory images for {train_rows} training rows")
+
+    # Same result: the streamed dataset (no shuffle, no augmentation) yields exactly the in-memory tensors.
+    streamed = make_dataset(files, index, "train", BATCH)
+    position = 0
+    for batch_images, batch_labels in streamed:
+        n = int(batch_images.shape[0])
+        check(np.array_equal(batch_images.numpy(), images[position:position + n].astype(np.float32)),
+              f"streamed tensors differ from the Parquet contents at rows {position}..{position + n}")
+        check(np.array_equal(batch_labels.numpy(), labels[position:position + n]), f"labels differ at row {position}")
+        position += n
+    check(position == train_rows, f"the streamed dataset yielded {position} of {train_rows} training images")
+    print(f"  same {position} tensors and labels, in order")
+
+    def project_dataset():
+        return make_dataset(files, index, "train", BATCH, shuffle=True, augment=True, seed=SEED,
+                            shuffle_buffer=config.shuffle_buffer)
+
+    def baseline_dataset():
+        return memory_dataset(images, labels, shuffle=True, augment=True, buffer=config.shuffle_buffer)
+
+    # 1. The pipelines alone.
+    for make in (project_dataset, baseline_dataset):
+        check(iterate(make()) == train_rows, "an epoch must yield every training image")
+    alone = interleaved({"project": lambda: iterate(project_dataset()), "baseline": lambda: iterate(baseline_dataset())},
+                        args.repeats)
+    report.figure("pipeline_project", alone["project"].to_dict(train_rows))
+    report.figure("pipeline_in_memory", alone["baseline"].to_dict(train_rows))
+    print(f"pipeline alone, Parquet stream: {alone['project'].describe(train_rows, 'images')}")
+    print(f"pipeline alone, in memory: {alone['baseline'].describe(train_rows, 'images')}")
+
+    # 2. What training consumes: one epoch of model.fit on the project's classifier.
+    model = build_classifier(config.model, index.tensor_shape, len(index.class_names))
+    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    warm, _ = timed(lambda: model.fit(baseline_dataset().take(4), epochs=1, verbose=0))
+    report.figure("model_compile_and_first_steps_s", round(warm, 2))
+    fit = interleaved({
+        "project": lambda: model.fit(project_dataset(), epochs=1, verbose=0),
+        "baseline": lambda: model.fit(baseline_dataset(), epochs=1, verbose=0),
+    }, args.repeats)
+    ours, theirs = fit["project"], fit["baseline"]
+    low, high = ratio_spread(theirs, ours)
+    report.figure("training_project", ours.to_dict(train_rows))
+    report.figure("training_in_memory", theirs.to_dict(train_rows))
+    report.figure("training_ratio_range", [round(low, 3), round(high, 3)])
+    pipeline_rate, model_rate = alone["project"].rate(train_rows), theirs.rate(train_rows)
+    report.figure("pipeline_alone_over_training_rate", round(pipeline_rate / model_rate, 2))
+    print(f"training, Parquet stream: {ours.describe(train_rows, 'images')}")
+    print(f"training, in memory: {theirs.describe(train_rows, 'images')}")
+    print(f"the stream alone runs {pipeline_rate / model_rate:.1f}x as fast as the model consumes")
+    report.figure("pipeline_alone_ratio", round(alone["baseline"].median / alone["project"].median, 3))
+    report.result("train_input_ratio", theirs.median / ours.median, ">=", 0.9)
+
+
+def add_arguments(cli) -> None:
+    cli.add_argument("--rows", type=int, default=None, help="image_features rows (default 5,000; quick 400)")
+
+
+if __name__ == "__main__":
+    sys.exit(main(NAME, run, __doc__, add_arguments))
