@@ -40,16 +40,18 @@ class EdgeModelConfig(dg.Config):
 )
 def edge_model(context: dg.AssetExecutionContext, config: EdgeModelConfig, lake: LakeResource,
                mlflow: MlflowResource) -> dg.MaterializeResult:
-    from dgx_assets.edge.build import EdgeBuildError, EdgeBuildSettings, build_edge_model
+    from dgx_assets.edge.build import EdgeBuildSettings, build_edge_model
 
     settings = EdgeBuildSettings(**config.model_dump())
     try:
         result = build_edge_model(lake.lake, settings, mlflow.resolved_tracking_uri, log=context.log.info)
-    except (EdgeBuildError, ValueError) as error:
+    except ValueError as error:  # missing upstream data or a bad setting: say what to fix, not a traceback
         raise dg.Failure(description=str(error)) from error
     report, spec = result.report, result.spec
+    run_url = result.info.get("mlflow_run_url")
     return dg.MaterializeResult(
         metadata={
+            **({"mlflow_run": dg.MetadataValue.url(run_url)} if run_url else {}),
             "path": dg.MetadataValue.path(result.uri),
             "quantization": report.quantization,
             "raw_input": f"uint8 {spec.input_shape} ({spec.signature}/{spec.input_name}), decoded pixels",

@@ -122,6 +122,26 @@ def resize_matrix(size_in: int, size_out: int) -> np.ndarray:
     return resized[:, :, 0, 0].numpy().T
 
 
+def snap_to_int8_grid(matrix: np.ndarray) -> np.ndarray:
+    """`matrix` (non-negative, rows summing to 1) moved onto a grid int8 quantisation represents exactly.
+
+    The converter quantises these constants per tensor over [0, max] in 255 steps; rounding each weight on
+    its own leaves rows summing to about 0.998, a gain error that darkens every resized pixel. Here every
+    weight becomes k/D with integer k, every row sums to exactly D/D, and the largest weight is 255/D, so
+    the converter's grid (max/255 = 1/D) holds every weight exactly.
+    """
+    base = 255.0 / float(matrix.max())
+    for denominator in sorted(range(int(base) - 3, int(base) + 4), key=lambda d: abs(d - base)):
+        if denominator <= 0:
+            continue
+        steps = np.round(matrix * denominator)
+        for row in range(steps.shape[0]):
+            steps[row, np.argmax(steps[row])] += denominator - steps[row].sum()
+        if steps.max() == 255 and steps.min() >= 0:
+            return (steps / denominator).astype(np.float32)
+    return matrix.astype(np.float32)  # no exact grid nearby: exact weights, small gain error
+
+
 def _resize_antialiased(pixels, rows: np.ndarray, columns: np.ndarray):
     """[1, H, W, C] -> [1, height, width, C] given the two `resize_matrix`es, as TFLite matrix products."""
     import tensorflow as tf
@@ -143,20 +163,33 @@ def _edge_function(model, config: EdgeConversionConfig, input_dtype):
     resize = (config.raw_height, config.raw_width) != (height, width)
     if resize and config.resize_method == "bilinear_antialias":
         rows, columns = resize_matrix(config.raw_height, height), resize_matrix(config.raw_width, width)
+        if input_dtype == tf.float32:  # the int8 model
+            rows, columns = snap_to_int8_grid(rows), snap_to_int8_grid(columns)
+
+    def whole_grey_levels(pixels):
+        if input_dtype == tf.float32:
+            # In the int8 model this pins the tensor's quantisation to scale 1, zero point 0 over 0..255:
+            # its int8 values are exactly the integer grey levels, at no extra cost.
+            return tf.quantization.fake_quant_with_min_max_args(pixels, min=0.0, max=255.0, num_bits=8)
+        return tf.round(tf.clip_by_value(pixels, 0.0, 255.0))
 
     @tf.function(input_signature=[spec])
     def edge(image):
-        pixels = tf.cast(image, tf.float32)
-        if input_dtype == tf.float32:
-            # int8 conversion replaces this float input with uint8; pinning its range to 0..255 makes
-            # the uint8 input's quantisation the identity (scale 1, zero point 0): pixels go in as they are.
-            pixels = tf.quantization.fake_quant_with_min_max_args(pixels, min=0.0, max=255.0, num_bits=8)
+        # int8 conversion replaces this float input with uint8; pinned to 0..255 (see above), the uint8
+        # input's quantisation is the identity: pixels go in as they are.
+        pixels = whole_grey_levels(tf.cast(image, tf.float32))
         if not resize:
             pass
         elif config.resize_method == "bilinear_antialias":
             pixels = _resize_antialiased(pixels, rows, columns)
         else:
             pixels = tf.image.resize(pixels, (height, width), method=config.resize_method)
+        if resize and input_dtype != tf.float32:
+            # image_features stores the resized image as uint8 and trained_model learnt on those whole
+            # grey levels; an undertrained network can flip on sub-level differences, so round here too.
+            # Not in the int8 model: its int8 resize weights do not sum to exactly 1, and pinning this
+            # tensor to whole levels turns that small gain error into a one-level bias on many pixels.
+            pixels = whole_grey_levels(pixels)
         if config.input_scale != 1.0:
             pixels = pixels * config.input_scale
         return {OUTPUT_NAME: model(pixels, training=False)}
