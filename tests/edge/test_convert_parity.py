@@ -7,7 +7,7 @@ import pytest
 from conftest import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
 
 from dgx_assets.edge.convert import (EdgeConversionConfig, _resize_antialiased, convert_to_tflite, describe_tflite,
-                                     resize_matrix)
+                                     resize_matrix, snap_to_int8_grid)
 from dgx_assets.edge.parity import evaluate_gate, measure_parity, parity_figure
 from dgx_assets.edge.promotion import Gate, current_alias_version, promote_if_gates_pass
 
@@ -129,3 +129,32 @@ def test_mismatched_preprocessing_fails_the_gate_and_blocks_promotion(
     )
     assert outcome.promoted
     assert current_alias_version(client, registered_version.model_name) == registered_version.version
+
+
+def test_int8_resize_weights_sit_exactly_on_the_int8_grid():
+    exact = resize_matrix(300, 128)
+    snapped = snap_to_int8_grid(exact)
+    np.testing.assert_allclose(snapped.sum(axis=1), 1.0, atol=1e-6)  # no gain error
+    steps = snapped * (255.0 / snapped.max())  # the converter's grid: max / 255
+    np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+    assert np.abs(snapped - exact).max() < 0.005
+
+
+@pytest.mark.parametrize("quantization", ["int8", "float16"])
+def test_edge_preprocessing_reproduces_image_features_tensors(edge_dataset, train_raw_images, quantization):
+    """A pass-through network exposes what the edge model feeds the classifier: image_features' tensors."""
+    import keras
+    from ai_edge_litert.interpreter import Interpreter
+    from conftest import edge_inputs
+
+    pixels = keras.Input((MODEL_SIZE, MODEL_SIZE, 1))
+    passthrough = keras.Model(pixels, keras.layers.Rescaling(1.0)(keras.layers.Flatten()(pixels)))
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, quantization=quantization)
+    runner = Interpreter(model_content=convert_to_tflite(passthrough, config, train_raw_images[:50])
+                         ).get_signature_runner("serving_default")
+    test = edge_inputs(edge_dataset, "test")
+    edge = np.stack([runner(image=image[np.newaxis])["probabilities"][0] for image in test.raw_images[:40]])
+    difference = edge - test.keras_inputs[:40].reshape(40, -1)
+    assert abs(difference.mean()) < 0.1  # unbiased
+    assert np.abs(difference).max() <= (3.0 if quantization == "int8" else 1.0)
+    assert np.mean(np.abs(difference) <= 1.0) > (0.99 if quantization == "int8" else 1 - 1e-9)
