@@ -44,7 +44,7 @@ SUMMARY_COLUMNS = [name for name in COLUMNS if name != "content"]
 class GenerationJob:
     """Everything an executor needs; pickled into the Spark tasks."""
 
-    client: ClientSettings
+    client: ClientSettings | None  # None when nothing is to be generated (only kept rows are rewritten)
     lake_root: str
     png_uri: str  # the folder the PNG files are written to (inside the staging folder)
     png_final_uri: str | None = None  # where that folder will be once committed: what png_path records
@@ -235,27 +235,42 @@ def with_request_key(prompts):
     return prompts.withColumn("request_key", F.sha2(F.concat_ws("\u001f", *parts), 256))
 
 
-def build_generated_frame(prompts, job: GenerationJob, previous=None):
-    """The lazy DataFrame of ernie_generated_images rows (the PNG files are written when it runs).
+def split_work(prompts, previous=None):
+    """(prompts to generate, rows to keep) as lazy DataFrames.
 
-    `prompts`: id, prompt, width, height, seed, label as strings (see prompts.read_prompts).
-    `previous`: the last version of the table; its valid rows for unchanged prompts are kept as they
-    are instead of being generated again. None regenerates everything.
+    `prompts`: id, prompt, width, height, seed, label as strings (see prompts.read_prompts). `previous`:
+    the last version of the table, or None; its valid rows whose prompt, size and seed are unchanged are
+    kept as they are (second element, in the table's columns) instead of being generated again.
     """
     from pyspark.sql import functions as F
 
     keyed = with_request_key(prompts)
     if previous is None or not set(COLUMNS) <= set(previous.columns):
-        todo = keyed
-        kept = None
-    else:
-        reusable = (previous.where(F.col("status") == VALID).where(F.col("content").isNotNull())
-                    .dropDuplicates(["request_key"]).drop("id", "prompt", "label"))
-        joined = keyed.select("request_key", "id", "prompt", "label").join(reusable, "request_key", "inner")
-        kept = joined.select(*COLUMNS).mapInPandas(rewrite_batches(job), GENERATED_SCHEMA)
-        todo = keyed.join(reusable.select("request_key"), "request_key", "left_anti")
-    generated = todo.repartition(max(1, job.tasks)).mapInPandas(generate_batches(job), GENERATED_SCHEMA)
-    return generated if kept is None else generated.unionByName(kept)
+        return keyed, None
+    reusable = (previous.where(F.col("status") == VALID).where(F.col("content").isNotNull())
+                .dropDuplicates(["request_key"]).drop("id", "prompt", "label"))
+    kept = keyed.select("request_key", "id", "prompt", "label").join(reusable, "request_key", "inner")
+    todo = keyed.join(reusable.select("request_key"), "request_key", "left_anti")
+    return todo, kept.select(*COLUMNS)
+
+
+def generated_frame(todo, kept, job: GenerationJob):
+    """The lazy DataFrame of table rows; the PNG files are written while it runs. Either input may be None."""
+    parts = []
+    if todo is not None:
+        parts.append(todo.repartition(max(1, job.tasks)).mapInPandas(generate_batches(job), GENERATED_SCHEMA))
+    if kept is not None:
+        parts.append(kept.mapInPandas(rewrite_batches(job), GENERATED_SCHEMA))
+    frame = parts[0]
+    for part in parts[1:]:
+        frame = frame.unionByName(part)
+    return frame
+
+
+def build_generated_frame(prompts, job: GenerationJob, previous=None):
+    """Everything in one: split the work against `previous`, generate what is needed, keep the rest."""
+    todo, kept = split_work(prompts, previous)
+    return generated_frame(todo, kept, job)
 
 
 def read_summary(lake, uri: str):

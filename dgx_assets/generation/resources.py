@@ -1,0 +1,108 @@
+"""ErnieServingResource: where the ERNIE-Image endpoints are, and the client settings executors use.
+
+`endpoints` defaults to DGX_ERNIE_ENDPOINTS, read when the resource initialises: comma-separated base
+URLs of running servers (the bundled one, or a real ERNIE-Image behind SGLang with protocol "openai"),
+or `local` to launch the bundled serving process for the run: `local_instances` processes on free
+loopback ports, stopped by PID when the asset is done. Importing this module imports neither paddle nor
+pyspark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator, Optional
+
+import dagster as dg
+from pydantic import Field
+
+from dgx_assets import settings
+from dgx_assets.generation import launcher
+from dgx_assets.generation.client import ClientSettings, parse_endpoints
+
+LOCAL = "local"
+TOKEN_VARIABLE = "ERNIE_SERVING_TOKEN"  # how a launched local server receives the token
+
+
+def default_model_dir() -> Path:
+    return settings.state_dir() / "ernie_generator"
+
+
+class ErnieServingResource(dg.ConfigurableResource):
+    """ERNIE-Image serving endpoints (DGX_ERNIE_ENDPOINTS, or `local`) and how executors call them."""
+
+    endpoints: Optional[str] = Field(default=None, description="comma-separated URLs, or 'local'; "
+                                                               "None reads DGX_ERNIE_ENDPOINTS (default local)")
+    protocol: str = Field(default="openai", description="'openai' (/v1/images/generations, SGLang) or "
+                                                        "'pipeline' (Paddle Serving /<service>/prediction)")
+    service_name: str = "ernie_image"
+    model_name: str = "ernie-image"
+    token: Optional[str] = Field(default=None, description="bearer token; set it with dg.EnvVar")
+    # Local mode: the bundled server.
+    local_instances: int = 2
+    model_dir: Optional[str] = Field(default=None, description="generator for local mode; default .dgx/ernie_generator")
+    build_if_missing: bool = Field(default=True, description="local mode: train the generator first if absent "
+                                                             "(a few minutes on a CPU)")
+    gpu_ids: Optional[str] = Field(default=None, description="local mode: e.g. '0,1' pins one server per GPU")
+    fixed_latency_ms: float = Field(default=0.0, description="local mode: benchmark option of the server")
+    startup_timeout_s: float = 180.0
+    # Client behaviour in the executors.
+    concurrency: int = 4
+    tasks: int = Field(default=0, description="Spark tasks to spread prompts over; 0 = one per endpoint (min 2)")
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float = 120.0
+    max_retries: int = 3
+    backoff_s: float = 0.25
+    breaker_threshold: int = 3
+    breaker_cooldown_s: float = 10.0
+
+    @property
+    def resolved_endpoints(self) -> str:
+        return (self.endpoints or settings.ernie_endpoints()).strip()
+
+    @property
+    def is_local(self) -> bool:
+        return self.resolved_endpoints.lower() == LOCAL
+
+    def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
+        return ClientSettings(
+            urls, protocol=self.protocol, service=self.service_name, model=self.model_name, token=self.token,
+            connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s,
+            max_retries=self.max_retries, backoff_s=self.backoff_s, breaker_threshold=self.breaker_threshold,
+            breaker_cooldown_s=self.breaker_cooldown_s, concurrency=self.concurrency)
+
+    def task_count(self, urls: tuple[str, ...]) -> int:
+        return self.tasks or max(2, len(urls))
+
+    @contextlib.contextmanager
+    def serving(self, log=None) -> Iterator[tuple[str, ...]]:
+        """The endpoint URLs for this run; in local mode the servers live exactly as long as the block."""
+        say = log.info if log is not None else (lambda message: None)
+        if not self.is_local:
+            urls = parse_endpoints(self.resolved_endpoints)
+            say(f"ERNIE-Image endpoints: {', '.join(urls)} ({self.protocol})")
+            yield urls
+            return
+        model_dir = Path(self.model_dir) if self.model_dir else default_model_dir()
+        if self.build_if_missing and not all((model_dir / name).exists() for name in launcher.MODEL_FILES):
+            say(f"No generator in {model_dir}: training one now (a few minutes on a CPU)")
+            launcher.build_generator(model_dir)
+        env = dict(os.environ)
+        options: dict = {"log_dir": settings.state_dir() / "serving-logs", "env": env, "timeout_s": self.startup_timeout_s}
+        extra = ["--service-name", self.service_name]
+        if self.fixed_latency_ms:
+            extra += ["--fixed-latency-ms", str(self.fixed_latency_ms)]
+        if self.token:
+            env[TOKEN_VARIABLE] = self.token
+            options["token_env"] = TOKEN_VARIABLE
+        gpu_ids = [int(x) for x in self.gpu_ids.split(",") if x.strip()] if self.gpu_ids else None
+        servers = launcher.start_local_servers(self.local_instances, model_dir, gpu_ids=gpu_ids, extra_args=extra,
+                                               **options)
+        say("Launched local ERNIE-Image serving processes: "
+            + ", ".join(f"{server.url} (pid {server.pid})" for server in servers))
+        try:
+            yield tuple(server.url for server in servers)
+        finally:
+            launcher.stop_servers(servers)
+            say("Stopped local serving processes: " + ", ".join(str(server.pid) for server in servers))
