@@ -8,15 +8,24 @@ import os
 
 import dagster as dg
 
+from dgx_assets.edge import definitions as edge
+from dgx_assets.generation import definitions as generation
+from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.ingest import definitions as ingest
 from dgx_assets.reporting import definitions as reporting
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
+from dgx_assets.training import definitions as training
 
 # Every deployment reads its URIs from the environment when a run starts; what differs is how steps run:
 # one process per run locally and on Spark Standalone (one SparkSession shared by the run's assets),
 # one Kubernetes pod per step with dagster-k8s.
-_shared_resources = {"spark": SparkResource(), "lake": LakeResource(), "mlflow": MlflowResource()}
+RESOURCES = {
+    "spark": SparkResource(),
+    "lake": LakeResource(),
+    "mlflow": MlflowResource(),
+    "ernie": ErnieServingResource(),
+}
 
 
 def _executor(deployment: str):
@@ -29,9 +38,9 @@ def _executor(deployment: str):
 
 defs = dg.Definitions.merge(
     ingest.defs,
+    training.defs,
+    edge.defs,
+    generation.defs,
     reporting.defs,
-    dg.Definitions(
-        resources=_shared_resources,
-        executor=_executor(os.environ.get("DGX_DEPLOYMENT", "local")),
-    ),
+    dg.Definitions(resources=RESOURCES, executor=_executor(os.environ.get("DGX_DEPLOYMENT", "local"))),
 )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import dagster as dg
 
 from dgx_assets import settings
-from dgx_assets.lake import Lake
+
+if TYPE_CHECKING:
+    from dgx_assets.lake import Lake
 
 
 class LakeResource(dg.ConfigurableResource):
@@ -18,7 +20,9 @@ class LakeResource(dg.ConfigurableResource):
     prompts: Optional[str] = None
 
     @property
-    def lake(self) -> Lake:
+    def lake(self) -> "Lake":
+        from dgx_assets.lake import Lake  # pyarrow: loaded by runs, not by every sensor tick of the code location
+
         return Lake(self.root or settings.lake_root())
 
     @property

@@ -1,6 +1,6 @@
 import dagster as dg
 
-from dgx_assets.ingest import images, spark_ingest, tables
+from dgx_assets.ingest import images
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
 from dgx_assets.spark.progress import spark_progress
@@ -31,6 +31,8 @@ class RawImagesConfig(dg.Config):
     ),
 )
 def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark: SparkResource, lake: LakeResource):
+    from dgx_assets.ingest import spark_ingest, tables  # pyarrow and pandas: only when a run needs them
+
     batch = context.partition_key
     store = lake.lake
     landing_batch = f"{lake.landing_uri.rstrip('/')}/{batch}"

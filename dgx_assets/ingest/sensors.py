@@ -2,7 +2,6 @@ import json
 
 import dagster as dg
 
-from dgx_assets.ingest.landing import scan_landing
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
 
@@ -31,6 +30,8 @@ def _load_cursor(raw: str | None) -> dict:
 )
 def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
     # cursor: {"requested": {batch: fingerprint ingested}, "seen": {batch: fingerprint on the last tick}}
+    from dgx_assets.ingest.landing import scan_landing
+
     cursor = _load_cursor(context.cursor)
     batches = scan_landing(lake.landing_uri)
     ready, waiting = [], []

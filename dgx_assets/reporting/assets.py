@@ -3,8 +3,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from dgx_assets.reporting import collect, render
-from dgx_assets.reporting.verdict import decide
 from dgx_assets.resources import LakeResource, MlflowResource
 
 UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "ernie_generated_images"]
@@ -24,6 +22,9 @@ UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "erni
     ),
 )
 def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
+    from dgx_assets.reporting import collect, render  # pyarrow, scipy, matplotlib: only when a report is made
+    from dgx_assets.reporting.verdict import decide
+
     store = lake.lake
     check_keys = sorted(context.repository_def.asset_graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
     data = collect.ReportData(
