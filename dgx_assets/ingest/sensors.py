@@ -5,10 +5,11 @@ import dagster as dg
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
 
-# raw_images and the partitioned assets that follow it, for one batch.
+# raw_images and the per-batch assets that follow it; the whole-dataset assets from trained_model on are
+# left to the retraining job, which learns from every batch at once.
 ingest_batch_job = dg.define_asset_job(
     "ingest_batch",
-    selection=dg.AssetSelection.assets("raw_images"),
+    selection=dg.AssetSelection.assets("raw_images").downstream() - dg.AssetSelection.assets("trained_model").downstream(),
     partitions_def=image_batches,
     description="Ingest one landing batch: raw_images and the per-batch features after it.",
 )
