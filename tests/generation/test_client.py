@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
-import threading
+import itertools
 import time
 
 import pytest
@@ -118,15 +118,21 @@ def test_endpoints_that_are_not_ready_are_skipped(fleet, quick_model, tmp_path, 
 def test_a_server_killed_mid_run_hands_its_work_to_the_other(start_fleet):
     pair = start_fleet(first=[], second=[])
     client = ErnieClient(ClientSettings((pair["first"].url, pair["second"].url), concurrency=3, **FAST))
-    requests = [("defective cell", 32, 32, seed) for seed in range(30)]
-    killer = threading.Timer(0.3, pair["first"].kill)
-    killer.start()
-    replies = client.generate_many(requests)
-    killer.join()
-    assert pair["first"].process.poll() is not None  # it really died during the run
+    started = itertools.count()
+    generate_one = client.generate
+
+    def generate_killing_the_first_server_at_the_tenth(*request):
+        if next(started) == 10:
+            pair["first"].kill()  # SIGKILL while other requests are in flight on the pooled connections
+        return generate_one(*request)
+
+    client.generate = generate_killing_the_first_server_at_the_tenth
+    replies = client.generate_many([("defective cell", 32, 32, seed) for seed in range(30)])
+    assert pair["first"].process.poll() is not None
     assert all(reply.ok for reply in replies), [r.error for r in replies if not r.ok]
-    late = [reply.endpoint for reply in replies[-10:]]
-    assert set(late) == {pair["second"].url}
+    assert {reply.endpoint for reply in replies[:9]} == {pair["first"].url, pair["second"].url}
+    assert {reply.endpoint for reply in replies[10:]} == {pair["second"].url}
+    assert client.endpoints[0].errors >= 1  # the dead server was tried, failed, and its work moved
 
 
 def test_all_endpoints_down_gives_a_clear_error(dead_url):
