@@ -254,6 +254,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(text)
         except json.JSONDecodeError as error:
             raise ApiError(400, protocol.BAD_INPUT, f"body is not valid JSON: {error.msg} at {error.pos}") from None
+        except (ValueError, RecursionError) as error:  # a 5000-digit number, nesting 100000 deep
+            raise ApiError(400, protocol.BAD_INPUT, f"body is not acceptable JSON: {type(error).__name__}") from None
         if not isinstance(body, dict):
             raise ApiError(400, protocol.BAD_INPUT, "body must be a JSON object")
         return body

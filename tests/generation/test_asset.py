@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -47,6 +49,14 @@ def test_definitions_have_the_asset_and_its_blocking_check():
     assert spec.owners and spec.code_version and spec.description
     check = next(iter(generated_images_valid.check_specs))
     assert check.blocking is True
+
+
+def test_importing_the_definitions_loads_no_paddle_spark_or_tensorflow():
+    code = ("import sys, dgx_assets.generation.definitions; "
+            "print(sorted(m for m in ('paddle', 'pyspark', 'tensorflow', 'great_expectations') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=settings.repo_root())
+    assert result.stdout.strip() == "[]"
 
 
 def test_local_mode_launches_two_servers_generates_and_stops_them(tmp_path, spark_resource, quick_model,

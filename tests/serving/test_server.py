@@ -148,6 +148,9 @@ def test_bad_openai_requests_get_400_with_a_clear_message(server, body, code, wo
     (b'{"key": ["prompt"], "value": []}', "same length"),
     (b'{"key": ["prompt", "width", "height"], "value": ["cell", "-5", "32"]}', "outside"),
     (b'{"key": ["prompt", "width", "height"], "value": ["cell", "1e9", "32"]}', "width"),
+    (b'{"key": ["seed"], "value": [' + b"9" * 5000 + b']}', "acceptable JSON"),
+    (b"[" * 100000 + b"]" * 100000, "acceptable JSON"),
+    (b'{"key": "prompt", "value": "cell"}', "lists"),
 ])
 def test_bad_pipeline_requests_get_err_no_in_the_5000_range(server, raw, words):
     reply = requests.post(server.url + PIPELINE, data=raw, timeout=30)
