@@ -208,7 +208,7 @@ def run(report: Report, args) -> None:
     batches = 4 if args.quick else 10
     repeats = args.repeats if not args.quick else max(args.repeats, 3)
     report.params.update(files=files, batches=batches)
-    bench_imports(report, repeats=max(repeats, 3 if args.quick else 7))
+    bench_imports(report, repeats=max(repeats, 5 if args.quick else 11))  # imports are cheap: more repeats beat the noise
     bench_sensor(report, repeats, files, batches)
 
 
