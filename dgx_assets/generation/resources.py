@@ -84,6 +84,9 @@ class ErnieServingResource(dg.ConfigurableResource):
             say(f"ERNIE-Image endpoints: {', '.join(urls)} ({self.protocol})")
             yield urls
             return
+        if settings.deployment() != "local" and log is not None:
+            log.warning("DGX_ERNIE_ENDPOINTS=local starts the servers on this host's loopback: executors on other "
+                        "hosts cannot reach them. On a cluster, list the serving URLs in DGX_ERNIE_ENDPOINTS.")
         model_dir = Path(self.model_dir) if self.model_dir else default_model_dir()
         if self.build_if_missing and not all((model_dir / name).exists() for name in launcher.MODEL_FILES):
             say(f"No generator in {model_dir}: training one now (a few minutes on a CPU)")
