@@ -61,6 +61,8 @@ def edge_model(context: dg.AssetExecutionContext, config: EdgeModelConfig, lake:
             "size_ratio": report.size_ratio,
             "test_images": report.images,
             "top1_agreement": report.top1_agreement,
+            "disagreements": report.disagreements,
+            "disagreements_near_boundary": report.disagreements_near_boundary,
             "max_probability_difference": report.max_probability_difference,
             "tflite_test_accuracy": report.tflite_accuracy,
             "keras_test_accuracy": report.keras_accuracy,

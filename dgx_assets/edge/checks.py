@@ -75,14 +75,18 @@ def edge_model_parity(context: dg.AssetCheckExecutionContext, config: ParityGate
     gate = evaluate_gate(report, config.min_agreement, config.max_accuracy_drop_points / 100.0)
     gates = [trained_model_gate(context), Gate("edge_parity", gate.passed, "; ".join(gate.reasons) or "passed")]
     trained = parity["trained_model"]
-    outcome = promote_if_gates_pass(
-        mlflow.resolved_tracking_uri, trained["registered_model_name"], trained["model_version"], gates,
-        run_id=trained.get("mlflow_run_id"), dagster_run_id=context.run.run_id,
-    )
-    context.log.info(
-        f"{outcome.model_name} v{outcome.version}: "
-        + (f"promoted to {outcome.alias}" if outcome.promoted else f"not promoted ({'; '.join(outcome.reasons)})")
-    )
+    try:
+        outcome = promote_if_gates_pass(
+            mlflow.resolved_tracking_uri, trained["registered_model_name"], trained["model_version"], gates,
+            run_id=trained.get("mlflow_run_id"), dagster_run_id=context.run.run_id,
+        )
+        promoted = outcome.promoted
+        promotion = (f"{outcome.model_name} v{outcome.version} -> {outcome.alias}" if promoted
+                     else "blocked: " + "; ".join(outcome.reasons))
+        previous = str(outcome.previous_champion)
+    except ValueError as error:  # the registered version is gone: parity still stands, promotion cannot happen
+        promoted, promotion, previous = False, f"impossible: {error}", "unknown"
+    context.log.info(f"Promotion of trained_model's version: {promotion}")
     return dg.AssetCheckResult(
         passed=gate.passed,
         severity=dg.AssetCheckSeverity.ERROR,
@@ -96,9 +100,8 @@ def edge_model_parity(context: dg.AssetCheckExecutionContext, config: ParityGate
             "max_accuracy_drop_points": config.max_accuracy_drop_points,
             "test_images": report.images,
             "trained_model_gate": gates[0].detail,
-            "promoted": outcome.promoted,
-            "promotion": (f"{outcome.model_name} v{outcome.version} -> {outcome.alias}" if outcome.promoted
-                          else "blocked: " + "; ".join(outcome.reasons)),
-            "previous_champion": str(outcome.previous_champion),
+            "promoted": promoted,
+            "promotion": promotion,
+            "previous_champion": previous,
         },
     )

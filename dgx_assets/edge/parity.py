@@ -30,6 +30,9 @@ class ParityReport:
     size_ratio: float  # tflite / keras
     top1_agreement: float
     disagreements: int
+    # Disagreements on images Keras itself barely decides (top-two margin < 0.1): quantisation noise on
+    # the decision boundary, as opposed to a broken edge path, which disagrees on confident images too.
+    disagreements_near_boundary: int
     max_probability_difference: float
     keras_accuracy: float
     tflite_accuracy: float
@@ -115,6 +118,8 @@ def compare(
         raise ValueError("no test images to compare on")
     keras_top1 = keras.probabilities.argmax(axis=1)
     edge_top1 = edge.probabilities.argmax(axis=1)
+    top_two = np.sort(keras.probabilities, axis=1)[:, -2:]
+    near_boundary = (top_two[:, 1] - top_two[:, 0]) < 0.1
     timed = len(keras.latencies_s)
     keras_ms = float(np.median(keras.latencies_s) * 1000) if timed else float("nan")
     edge_ms = float(np.median(edge.latencies_s[:timed]) * 1000) if timed else float("nan")
@@ -126,6 +131,7 @@ def compare(
         size_ratio=tflite_size_bytes / keras_size_bytes,
         top1_agreement=float(np.mean(keras_top1 == edge_top1)),
         disagreements=int(np.sum(keras_top1 != edge_top1)),
+        disagreements_near_boundary=int(np.sum((keras_top1 != edge_top1) & near_boundary)),
         max_probability_difference=float(np.max(np.abs(keras.probabilities - edge.probabilities))),
         keras_accuracy=float(np.mean(keras_top1 == labels)),
         tflite_accuracy=float(np.mean(edge_top1 == labels)),

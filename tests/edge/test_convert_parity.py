@@ -101,6 +101,7 @@ def test_mismatched_preprocessing_fails_the_gate_and_blocks_promotion(
     report, _, _ = parity(trained_classifier, test_inputs, broken)
     gate = evaluate_gate(report, min_agreement=0.99)
     assert report.top1_agreement < 0.99
+    assert report.disagreements > report.disagreements_near_boundary  # wrong on confident images too
     assert not gate.passed and "agreement" in gate.reasons[0]
 
     outcome = promote_if_gates_pass(
