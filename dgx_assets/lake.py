@@ -81,8 +81,11 @@ class Lake:
         return self.uri(asset, f"{PARTITION_COLUMN}={partition}")
 
     def staging_uri(self, asset: str, partition: str | None = None) -> str:
-        name = f"{PARTITION_COLUMN}={partition}" if partition is not None else "_all"
-        return self.uri(asset, f".staging-{name}-{uuid.uuid4().hex[:12]}")
+        """A hidden sibling of the folder `commit` will replace (inside it, the swap would move it away too)."""
+        token = uuid.uuid4().hex[:12]
+        if partition is None:
+            return self.uri(f".staging-{asset}-{token}")
+        return self.uri(asset, f".staging-{PARTITION_COLUMN}={partition}-{token}")
 
     # --- files ----------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
