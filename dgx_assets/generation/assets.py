@@ -5,7 +5,6 @@ imports paddle or pyspark at module level.
 """
 
 import contextlib
-import uuid
 from typing import Optional
 
 import dagster as dg
@@ -56,9 +55,7 @@ def ernie_generated_images(
     session = spark.spark_session
     store = lake.lake
     prompts_uri = config.prompts_uri or lake.prompts_uri
-    # A hidden sibling of the asset folder: Lake.staging_uri(asset) without a partition lies inside it,
-    # and committing a folder into its own parent cannot work.
-    final, staging = store.asset_uri(ASSET_KEY), store.uri(f".{ASSET_KEY}.staging-{uuid.uuid4().hex[:12]}")
+    final, staging = store.asset_uri(ASSET_KEY), store.staging_uri(ASSET_KEY)
     try:
         prompts = read_prompts(session, prompts_uri)
         prompt_count = prompts.count()
