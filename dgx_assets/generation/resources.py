@@ -38,7 +38,8 @@ class ErnieServingResource(dg.ConfigurableResource):
                                                         "'pipeline' (Paddle Serving /<service>/prediction)")
     service_name: str = "ernie_image"
     model_name: str = "ernie-image"
-    token: Optional[str] = Field(default=None, description="bearer token; set it with dg.EnvVar")
+    token: Optional[str] = Field(default=None, description="bearer token; None reads DGX_ERNIE_TOKEN (the "
+                                                             "Kubernetes secret deploy/ hands to run pods)")
     # Local mode: the bundled server.
     local_instances: int = 2
     model_dir: Optional[str] = Field(default=None, description="generator for local mode; default .dgx/ernie_generator")
@@ -58,6 +59,10 @@ class ErnieServingResource(dg.ConfigurableResource):
     breaker_cooldown_s: float = 10.0
 
     @property
+    def resolved_token(self) -> Optional[str]:
+        return self.token or os.environ.get("DGX_ERNIE_TOKEN") or None
+
+    @property
     def resolved_endpoints(self) -> str:
         return (self.endpoints or settings.ernie_endpoints()).strip()
 
@@ -67,7 +72,7 @@ class ErnieServingResource(dg.ConfigurableResource):
 
     def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
         return ClientSettings(
-            urls, protocol=self.protocol, service=self.service_name, model=self.model_name, token=self.token,
+            urls, protocol=self.protocol, service=self.service_name, model=self.model_name, token=self.resolved_token,
             connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s,
             max_retries=self.max_retries, backoff_s=self.backoff_s, breaker_threshold=self.breaker_threshold,
             breaker_cooldown_s=self.breaker_cooldown_s, concurrency=self.concurrency)
@@ -96,8 +101,8 @@ class ErnieServingResource(dg.ConfigurableResource):
         extra = ["--service-name", self.service_name]
         if self.fixed_latency_ms:
             extra += ["--fixed-latency-ms", str(self.fixed_latency_ms)]
-        if self.token:
-            env[TOKEN_VARIABLE] = self.token
+        if self.resolved_token:
+            env[TOKEN_VARIABLE] = self.resolved_token
             options["token_env"] = TOKEN_VARIABLE
         gpu_ids = [int(x) for x in self.gpu_ids.split(",") if x.strip()] if self.gpu_ids else None
         servers = launcher.start_local_servers(self.local_instances, model_dir, gpu_ids=gpu_ids, extra_args=extra,
