@@ -135,15 +135,17 @@ def _feature_overview(store, uri: str) -> dict:
 class TrainedModelConfig(dg.Config):
     backbone: str = Field("mobilenet_small", description="mobilenet_small (CPU-friendly), mobilenet_v2 or resnet50")
     weights_path: Optional[str] = Field(None, description="Local backbone weights file; empty: train from scratch")
-    width: int = Field(32, description="mobilenet_small width (filters of its first block)")
+    width: int = Field(48, description="mobilenet_small width (filters of its first block)")
     dropout: float = Field(0.2, description="Dropout before the softmax layer")
-    epochs: int = Field(30, description="Most epochs; early stopping on validation loss usually ends sooner")
+    epochs: int = Field(40, description="Most epochs; early stopping on validation loss usually ends sooner")
     batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
     learning_rate: float = Field(2e-3, description="Adam learning rate")
-    patience: int = Field(6, description="Epochs without validation-loss improvement before stopping")
-    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow; ops run deterministically")
+    patience: int = Field(8, description="Epochs without validation-loss improvement before stopping")
+    warmup_epochs: int = Field(5, description="First epochs early stopping ignores (their validation loss is noise)")
+    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
     augment: bool = Field(True, description="Random flips of training images")
     mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
+    deterministic: bool = Field(True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
     checkpoint_dir: Optional[str] = Field(
         None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
     )

@@ -134,9 +134,12 @@ def make_dataset(
     def to_model_input(image, label):
         image = tf.cast(image, tf.float32)
         if augment:
-            # Cells and wafers have no preferred orientation: flips are label-preserving.
+            # Cells and wafers have no preferred orientation: flips (and quarter turns of square
+            # images) are label-preserving.
             image = tf.image.random_flip_left_right(image, seed=seed)
             image = tf.image.random_flip_up_down(image, seed=seed + 1)
+            if shape[0] == shape[1]:
+                image = tf.image.rot90(image, k=tf.random.uniform([], 0, 4, dtype=tf.int32, seed=seed + 2))
         return image, label
 
     return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Columns read from raw_images (the split is raw_images' stable one, from the content hash).
-RAW_COLUMNS = ["path", "batch", "label", "sha256", "width", "height", "split", "content"]
+# Columns read from raw_images (the split is raw_images' stable one, from the content hash). Like raw_images,
+# image_features does not store `batch` in its files: it is the hive folder `batch=<key>`.
+RAW_COLUMNS = ["path", "label", "sha256", "width", "height", "split", "content"]
 
 FEATURE_COLUMNS = [
     "sha256",  # id of the image (content hash)
     "path",
-    "batch",
     "label",
     "split",  # train / validation / test
     "source_width",
@@ -46,7 +46,7 @@ FEATURE_COLUMNS = [
 ]
 
 FEATURE_SCHEMA_DDL = (
-    "sha256 string, path string, batch string, label string, split string, "
+    "sha256 string, path string, label string, split string, "
     "source_width int, source_height int, tensor binary, tensor_shape array<int>, "
     "brightness double, contrast double, sharpness double, embedding array<float>, "
     "feature_status string, feature_error string, feature_device string"
@@ -101,7 +101,6 @@ def compute_features(
         {
             "sha256": rows["sha256"].astype(str),
             "path": rows["path"].astype(str),
-            "batch": rows["batch"].astype(str),
             "label": rows["label"].astype(str),
             "split": rows["split"].astype(str),
             "source_width": rows["width"].astype("Int32"),
@@ -227,19 +226,18 @@ def _model_input(tf: Any, content: bytes, config: FeatureConfig) -> Any:
 
 
 def _decode_with_pillow(tf: Any, content: bytes) -> Any:
+    """float32 0..1 (height, width, channels) for the formats TensorFlow does not read (TIFF, CMYK JPEG)."""
     from PIL import Image
 
     with Image.open(io.BytesIO(content)) as img:
         img.load()
-        if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-            array = np.asarray(img, dtype=np.float32) / (65535.0 if img.mode.startswith("I;16") else max(1.0, float(np.max(img))))
-            array = array[..., None]
+        if img.mode.startswith("I"):  # 16/32-bit integer grey: scale by the 16-bit range it nearly always is
+            array = np.asarray(img, dtype=np.float64)
+            array = (array / max(65535.0, float(array.max()))).astype(np.float32)
         else:
             mode = "RGBA" if "A" in img.getbands() else ("L" if img.mode in ("1", "L", "P", "F") else "RGB")
             array = np.asarray(img.convert(mode), dtype=np.float32) / 255.0
-            if array.ndim == 2:
-                array = array[..., None]
-    return tf.convert_to_tensor(array)
+    return tf.convert_to_tensor(array[..., None] if array.ndim == 2 else array)
 
 
 def _image_statistics(tf: Any, batch: Any) -> np.ndarray:

@@ -42,7 +42,7 @@ class ModelConfig:
     backbone: str = "mobilenet_small"
     weights_path: str | None = None  # backbone weights file (.h5 / .weights.h5); None: from scratch
     dropout: float = 0.2
-    width: int = 32  # mobilenet_small: filters of the first block, doubled per stage
+    width: int = 48  # mobilenet_small: filters of the first block, doubled per stage
 
     def validate(self) -> None:
         if self.backbone not in BACKBONES:
@@ -150,7 +150,7 @@ def _preprocessing(backbone: str, x: Any) -> Any:
 
 
 def _mobilenet_small(input_shape: tuple[int, int, int], width: int) -> Any:
-    """Depthwise-separable blocks as in MobileNet v1, four stride-2 stages: ~100k parameters at width 32."""
+    """Depthwise-separable blocks as in MobileNet v1, five stride-2 stages: ~160k parameters at width 48."""
     import keras
 
     layers = keras.layers

@@ -119,7 +119,7 @@ def test_spark_job_writes_one_feature_row_per_valid_raw_row(spark, elpv_sample, 
         tensor = tensor_from_row(row.tensor, row.tensor_shape)
         assert tensor.shape == (64, 64, 1) and tensor.dtype == np.uint8 and tensor.max() > tensor.min()
         source = by_sha.loc[row.sha256]
-        assert (row.label, row.split, row.batch) == (source.label, source.split, "elpv-sample")
+        assert (row.label, row.split) == (source.label, source.split)
         original = np.asarray(Image.open(io.BytesIO(source.content)), dtype=np.float64) / 255.0
         assert row.brightness == pytest.approx(original.mean(), abs=0.02)
     # Same values as the plain-Python path: the Spark wrapper adds placement, nothing else.

@@ -25,7 +25,7 @@ SPARK_TEST_CONF = {
 
 RAW_SCHEMA = pa.schema(
     [
-        ("path", pa.string()), ("batch", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()),
+        ("path", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()),
         ("sha256", pa.string()), ("format", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
         ("mode", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()),
         ("content", pa.binary()),
@@ -99,8 +99,9 @@ def synthetic_raw_rows(count: int, batch: str, seed: int = 0, defect_share: floa
 
 
 def write_raw_partition(rows: pd.DataFrame, folder: Path) -> Path:
+    """Written as raw_images writes a partition: `batch` lives in the folder name, not in the file."""
     folder.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(rows, schema=RAW_SCHEMA, preserve_index=False)
+    table = pa.Table.from_pandas(rows.drop(columns=["batch"]), schema=RAW_SCHEMA, preserve_index=False)
     pq.write_table(table, folder / "part-00000.parquet")
     return folder
 
