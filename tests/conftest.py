@@ -45,3 +45,23 @@ def spark_resource():
     from dgx_assets.spark.resource import SparkResource
 
     return SparkResource(spark_conf=TEST_SPARK_CONF)
+
+
+@pytest.fixture(scope="session")
+def one_paddle_thread():
+    """Serving processes started while this is active use one thread each: their pools only fight on 2 cores."""
+    previous = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    if previous is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = previous
+
+
+@pytest.fixture(scope="session")
+def quick_model(one_paddle_thread):
+    """A quick generator, built once per version of the generator's code (cached under <repo>/.dgx/cache)."""
+    from dgx_assets.generation import launcher
+
+    return launcher.cached_quick_generator()

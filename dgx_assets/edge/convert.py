@@ -147,7 +147,7 @@ def _resize_antialiased(pixels, rows: np.ndarray, columns: np.ndarray):
     import tensorflow as tf
 
     _, raw_height, raw_width, channels = pixels.shape
-    height, width = rows.shape[0], columns.shape[0]
+    height = rows.shape[0]
     rows, columns = tf.constant(rows), tf.constant(columns)
     resized = tf.matmul(rows, tf.reshape(pixels, [raw_height, raw_width * channels]))
     resized = tf.matmul(columns[tf.newaxis], tf.reshape(resized, [height, raw_width, channels]))

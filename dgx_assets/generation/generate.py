@@ -18,9 +18,12 @@ import io
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from dgx_assets.generation.client import ClientSettings, get_client
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 VALID = "valid"
 CORRUPTED = "corrupted"

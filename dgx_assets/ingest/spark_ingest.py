@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from dgx_assets.ingest import images
+
+if TYPE_CHECKING:
+    import pandas as pd  # executors import it when they run; the driver need not
 
 RAW_IMAGES_SCHEMA = (
     "path string, label string, size_bytes long, modified_at timestamp, sha256 string, format string, "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from dgx_assets.training.dataset import FeatureFiles, FeatureIndex, scan_features
+from dgx_assets.training.dataset import FeatureFiles, scan_features
 from dgx_assets.training.train import TrainConfig, TrainingResult, train_classifier
 
 CANDIDATE_ALIAS = "candidate"

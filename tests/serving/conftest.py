@@ -4,7 +4,6 @@ serving processes on 127.0.0.1, each a separate interpreter, stopped by PID."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -13,20 +12,8 @@ from dgx_assets.generation import launcher
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _one_paddle_thread():
-    # The test machine's few cores are shared; paddle's thread pool in every server only fights for them.
-    previous = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    if previous is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = previous
-
-
-@pytest.fixture(scope="session")
-def quick_model(_one_paddle_thread) -> Path:
-    return launcher.cached_quick_generator()
+def _servers_use_one_thread(one_paddle_thread):
+    yield  # every server these tests start (root conftest: one_paddle_thread)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 import time
 
-import requests
 from dagster_dev import LOCATION, REPOSITORY, dagster_dev, gql  # noqa: F401 (fixture)
 from imagefactory import write_batch
 
