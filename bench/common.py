@@ -150,6 +150,67 @@ def ratio_spread(numerator: Timing, denominator: Timing) -> tuple[float, float]:
     return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
 
 
+# --- processes -------------------------------------------------------------------------------------------
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every process under it, from /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = read_text(f"/proc/{entry}/stat")
+            if stat:
+                tree.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(tree.get(pid, []))
+    return found
+
+
+def executable(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return ""
+
+
+def cpu_seconds_by_kind() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process and its live descendants, by kind:
+    `this process`, `JVM` (Spark), `Python children` (Spark's Python workers, a process pool)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    me = os.getpid()
+    for pid in descendants(me):
+        stat = read_text(f"/proc/{pid}/stat")
+        if not stat:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        exe = executable(pid)
+        kind = "this process" if pid == me else "JVM" if exe.startswith("java") else \
+            "Python children" if exe.startswith("python") else "other"
+        totals[kind] = totals.get(kind, 0.0) + seconds
+    return totals
+
+
+def cpu_used(fn: Callable[[], object]) -> dict[str, float]:
+    """CPU seconds by kind of process that `fn` caused (children that exit meanwhile are not counted)."""
+    before = cpu_seconds_by_kind()
+    fn()
+    after = cpu_seconds_by_kind()
+    return {kind: round(after[kind] - before.get(kind, 0.0), 2) for kind in after if after[kind] - before.get(kind, 0.0) > 0.005}
+
+
 # --- goals and the record ---------------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import Report, check, interleaved, isolate_state, main, ratio_spread, timed, work_dir
+from bench.common import Report, check, cpu_used, interleaved, isolate_state, main, ratio_spread, timed, work_dir
 from bench.data import synthetic_landing
 
 NAME = "features"
@@ -184,6 +184,9 @@ def run(report: Report, args) -> None:
     report.figure("project", ours.to_dict(valid))
     report.figure("baseline", theirs.to_dict(valid))
     report.figure("throughput_ratio_range", [round(low, 3), round(high, 3)])
+    cpu = {"project": cpu_used(run_project), "baseline": cpu_used(run_baseline)}
+    report.figure("cpu_seconds_by_process", cpu)
+    print(f"CPU seconds by process: {cpu}")
     print(f"project (image_features on Spark): {ours.describe(valid, 'images')}")
     print(f"baseline (one tf.data process): {theirs.describe(valid, 'images')}")
     report.result("features_throughput_ratio", theirs.median / ours.median, ">=", 0.8)

@@ -27,7 +27,7 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench.common import Report, check, interleaved, isolate_state, main, ratio_spread, timed, work_dir
+from bench.common import Report, check, cpu_used, interleaved, isolate_state, main, ratio_spread, timed, work_dir
 from bench.data import elpv_landing, image_files, synthetic_landing
 
 NAME = "ingest"
@@ -149,6 +149,7 @@ class Project:
         lake = self.lake_resource(root=str(self.lake_root), landing=str(landing))
         result = self.dg.materialize(
             [raw_images], partition_key=batch, instance=self.instance, resources={"spark": self.spark, "lake": lake},
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
         check(result.success, f"raw_images failed for {batch}")
         return result
@@ -216,6 +217,9 @@ def bench_batch(report: Report, key: str, project: Project, baseline: Baseline, 
     low, high = ratio_spread(theirs, ours)  # throughput ratio = baseline time / project time
     ratio = theirs.median / ours.median
     step = sorted(steps)[len(steps) // 2]
+    # Where the CPU goes (one more run of each side): the JVM's share is work the baseline never does.
+    cpu = {"project": cpu_used(run_project), "baseline": cpu_used(lambda: baseline.run(files, baseline_out))}
+    print(f"CPU seconds by process: {cpu}")
     report.figure(key, {
         "files": count, "megabytes": round(size / 1e6, 1),
         "project": ours.to_dict(count), "baseline": theirs.to_dict(count),
@@ -223,6 +227,7 @@ def bench_batch(report: Report, key: str, project: Project, baseline: Baseline, 
         "dagster_overhead_median_s": round(ours.median - step, 3),
         "throughput_ratio_range": [round(low, 3), round(high, 3)],
         "project_parquet_files": len(list(project.partition(batch).glob("*.parquet"))),
+        "cpu_seconds_by_process": cpu,
     })
     print(f"project (raw_images): {ours.describe(count, 'images')}; inside the step {step:.2f}s")
     print(f"baseline (process pool): {theirs.describe(count, 'images')}")

@@ -25,7 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import REPO, Report, check, isolate_state, main, work_dir
+from bench.common import REPO, Report, check, descendants, executable, isolate_state, main, work_dir
+from bench.common import read_text as _read
 
 NAME = "png_saver"
 SIZE = 32
@@ -34,34 +35,6 @@ GB = 1024**3
 
 
 # --- memory of a process tree ------------------------------------------------------------------------------
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _read(f"/proc/{entry}/stat")
-            if stat:
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def descendants(root: int) -> list[int]:
-    tree, found, stack = _children(), [], [root]
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(tree.get(pid, []))
-    return found
 
 
 def _kib(text: str, key: str) -> int:
@@ -75,10 +48,7 @@ def role(pid: int, driver: int) -> str | None:
     """What a process of the saver's tree is, from its executable (a shell that execs java changes it)."""
     if pid == driver:
         return "driver (Python)"
-    try:
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
-        return None
+    exe = executable(pid)
     if exe.startswith("java"):
         return "driver+executor JVM"  # local mode: the driver's JVM runs the executor too
     if exe.startswith("python"):
