@@ -56,7 +56,8 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
             latest.setdefault(record.partition, evaluation)
         for partition, evaluation in sorted(latest.items(), key=lambda item: item[0] or ""):
             metadata = evaluation.metadata or {}
-            summary = metadata.get("what_to_fix")
+            what_to_fix = metadata.get("what_to_fix")
+            summary = (what_to_fix.value if what_to_fix is not None else None) or evaluation.description or ""
             outcomes.append(
                 CheckOutcome(
                     asset=key.asset_key.to_user_string(),
@@ -64,7 +65,7 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
                     partition=partition,
                     passed=bool(evaluation.passed),
                     severity=evaluation.severity.value,
-                    summary=str(summary.value) if summary is not None and summary.value else "",
+                    summary=str(summary),
                 )
             )
     return outcomes
