@@ -66,6 +66,8 @@ def event_breakdown(dagster_home: Path) -> dict:
     import dagster as dg
     from dagster._core.instance.ref import InstanceRef
 
+    kinds = dg.DagsterEventType
+
     steps: dict[str, float] = defaultdict(float)
     resources: dict[str, float] = defaultdict(float)
     runs, failures = [], []
@@ -76,22 +78,22 @@ def event_breakdown(dagster_home: Path) -> dict:
                 event = entry.dagster_event
                 if event is None:
                     continue
-                kind, key, at = event.event_type_value, event.step_key, entry.timestamp
-                if kind == "RUN_START":
+                kind, key, at = event.event_type, event.step_key, entry.timestamp
+                if kind == kinds.RUN_START:
                     started_at = at
-                elif kind in ("RUN_SUCCESS", "RUN_FAILURE"):
+                elif kind in (kinds.RUN_SUCCESS, kinds.RUN_FAILURE):
                     ended_at = at
-                    if kind == "RUN_FAILURE":
+                    if kind == kinds.RUN_FAILURE:
                         failures.append(f"run {run.run_id}")
-                elif kind == "STEP_START":
+                elif kind == kinds.STEP_START:
                     open_steps[key] = at
-                elif kind in ("STEP_SUCCESS", "STEP_FAILURE") and key in open_steps:
+                elif kind in (kinds.STEP_SUCCESS, kinds.STEP_FAILURE) and key in open_steps:
                     steps[key] += at - open_steps.pop(key)
-                    if kind == "STEP_FAILURE":
+                    if kind == kinds.STEP_FAILURE:
                         failures.append(f"step {key} of run {run.run_id}")
-                elif kind == "RESOURCE_INIT_STARTED":
+                elif kind == kinds.RESOURCE_INIT_STARTED:
                     open_inits[key] = at
-                elif kind in ("RESOURCE_INIT_SUCCESS", "RESOURCE_INIT_FAILURE") and key in open_inits:
+                elif kind in (kinds.RESOURCE_INIT_SUCCESS, kinds.RESOURCE_INIT_FAILURE) and key in open_inits:
                     resources[key] += at - open_inits.pop(key)
             runs.append({"run_id": run.run_id, "partition": run.tags.get("dagster/partition"),
                          "status": run.status.value,
