@@ -170,9 +170,7 @@ def test_standalone_tasks_each_get_and_bind_their_own_gpu(standalone_cluster, tm
         result = dg.materialize([gpu_probe], resources={"spark": spark})
         rows = result.output_for_node("gpu_probe")
     finally:
-        from pyspark.sql import SparkSession
-
-        SparkSession.builder.getOrCreate().stop()  # the resource's session; the cluster goes next
+        stop_session_and_gateway()  # the resource's session; the cluster goes next
 
     assert len(rows) == 8
     for row in rows:
@@ -191,3 +189,23 @@ def test_standalone_tasks_each_get_and_bind_their_own_gpu(standalone_cluster, tm
                    if a["started"] < b["ended"] and b["started"] < a["ended"]]
     assert overlapping, "the two executors never ran tasks concurrently"
     assert all(a["own"] != b["own"] for a, b in overlapping)
+
+
+def stop_session_and_gateway() -> None:
+    """Stop the session and the JVM that served it, so later tests start a fresh local one.
+
+    The JVM keeps the settings it was launched with as system properties; a later local session in this
+    process would inherit this cluster's master and task GPU amounts, and a local job asking for task GPUs
+    hangs (DESIGN.md's pitfall).
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    SparkSession.builder.getOrCreate().stop()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()  # the JVM's gateway server exits when its stdin closes
+        gateway.proc.wait(timeout=60)
+        SparkContext._gateway = None
+        SparkContext._jvm = None

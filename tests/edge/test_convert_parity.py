@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
+from edge_data import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
 
 from dgx_assets.edge.convert import (EdgeConversionConfig, _resize_antialiased, convert_to_tflite, describe_tflite,
                                      resize_matrix, snap_to_int8_grid)
@@ -146,7 +146,7 @@ def test_edge_preprocessing_reproduces_image_features_tensors(edge_dataset, trai
     """A pass-through network exposes what the edge model feeds the classifier: image_features' tensors."""
     import keras
     from ai_edge_litert.interpreter import Interpreter
-    from conftest import edge_inputs
+    from edge_data import edge_inputs
 
     pixels = keras.Input((MODEL_SIZE, MODEL_SIZE, 1))
     passthrough = keras.Model(pixels, keras.layers.Rescaling(1.0)(keras.layers.Flatten()(pixels)))

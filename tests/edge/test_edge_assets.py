@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLASS_NAMES, RAW_SIZE, features_like_image_features
+from edge_data import CLASS_NAMES, RAW_SIZE, features_like_image_features
 
 from dgx_assets.edge.definitions import defs as edge_defs
 from dgx_assets.resources import LakeResource, MlflowResource

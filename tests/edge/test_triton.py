@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import CLASS_NAMES
+from edge_data import CLASS_NAMES
 
 from dgx_assets.edge.triton import TensorSignature, export_triton_repository, triton_config
 
