@@ -94,6 +94,7 @@ def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     command += list(extra_args)
     child_env = dict(os.environ if env is None else env)
     child_env.setdefault("PYTHONPATH", str(settings.repo_root()))
+    child_env["DGX_SERVING_PARENT_PID"] = str(os.getpid())  # the server stops itself if this process dies
     if gpu_id is not None:
         # One GPU per serving process: the process sees only its own, as device 0.
         child_env["CUDA_VISIBLE_DEVICES"] = str(gpu_id)

@@ -304,6 +304,19 @@ class Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
+PARENT_PID_VARIABLE = "DGX_SERVING_PARENT_PID"  # set by dgx_assets.generation.launcher for the servers it starts
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def serve(config: ServingConfig, port_file: str | None = None) -> int:
     """Run until SIGTERM/SIGINT. Returns the process exit code."""
     token = None
@@ -334,9 +347,13 @@ def serve(config: ServingConfig, port_file: str | None = None) -> int:
     server.model.load()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
+    launcher = int(os.environ.get(PARENT_PID_VARIABLE) or 0)
     try:
         while not stopping.wait(0.5) and listener.is_alive():
-            pass
+            if launcher and not _alive(launcher):
+                # Started for one run or test that has died without stopping us: nobody else will.
+                log.warning("launcher pid %s is gone: stopping", launcher)
+                break
     finally:
         server.shutdown()
         server.server_close()
