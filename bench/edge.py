@@ -4,7 +4,8 @@ Project: `dgx_assets.edge.build.build_edge_model` (what the edge_model asset run
 calibrated on training images, then parity on the test split, the TFLite model fed decoded raw 300x300
 pixels in `ai_edge_litert` (resize and normalisation inside the model, as a device runs it) and the Keras
 model fed the image_features tensors it was evaluated on, one image at a time (compiled, batch of one),
-both with all of this machine's cores.
+both on one CPU thread by default (`--threads`): two-thread TFLite on a 2-core machine shared with other
+work swings between 1 and 4 ms per image, one thread does not.
 
 The lake it reads is built here with the project's own plain-Python steps (no Spark): raw_images rows
 from `ingest.images.inspect_image`, image_features from `training.features.compute_features`, and
@@ -18,16 +19,18 @@ point of Keras's. Both sides run on the same test images (checked); latency is r
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import Report, Timing, check, isolate_state, main, timed, work_dir
+from bench.common import REPO, Report, Timing, check, isolate_state, main, timed, work_dir
 from bench.data import elpv_available, synthetic_pixels
 
 NAME = "edge"
@@ -113,7 +116,7 @@ def median_latency_ms(call, inputs: np.ndarray) -> float:
     return float(np.median(latencies) * 1000)
 
 
-def like_for_like(model, edge_model: bytes, data, threads: int, count: int) -> dict:
+def like_for_like(model, edge_model: bytes, data, threads: int | None, count: int) -> dict:
     """Where the edge model's time goes: the same work on both sides, with and without the in-model resize.
 
     The edge contract puts the 300x300 -> model-size resize inside the TFLite model, while parity times
@@ -161,21 +164,35 @@ def run(report: Report, args) -> None:
     from dgx_assets.edge.build import EdgeBuildSettings, build_edge_model, load_trained_model
     from dgx_assets.lake import Lake
 
-    threads = os.cpu_count() or 1
-    if args.lake:
-        root = Path(args.lake)
-        report.params["lake"] = str(root)
-    else:
+    if not args.lake:
         limit = args.images or (240 if args.quick else None)
         epochs = args.epochs or (2 if args.quick else 15)
         root = work_dir(NAME) / "lake"
         report.params.update(images_limit=limit, epochs=epochs, source="elpv" if elpv_available() else "synthetic")
-        report.figure("lake", build_lake(root, limit, epochs))
+        # Trained in a process of its own, with all cores: this one runs TensorFlow on `--threads` only.
+        out = subprocess.run([sys.executable, "-m", "bench.edge", "--build-lake", str(root), "--epochs", str(epochs)]
+                             + (["--images", str(limit)] if limit else []), capture_output=True, text=True,
+                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=3600)
+        if out.returncode != 0:
+            raise RuntimeError(f"building the lake failed:\n{out.stderr[-3000:]}")
+        print("\n".join(line for line in out.stdout.splitlines()[:-1] if line.startswith("  ")))
+        report.figure("lake", json.loads(out.stdout.strip().splitlines()[-1]))
+    else:
+        root = Path(args.lake)
+        report.params["lake"] = str(root)
+
+    threads = args.threads
+    if threads:
+        # Before TensorFlow runs anything: Keras gets the same number of cores as the TFLite interpreter.
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
     lake = Lake(str(root))
-    settings = EdgeBuildSettings(num_threads=threads, max_test_images=0,
+    settings = EdgeBuildSettings(num_threads=threads or None, max_test_images=0,
                                  representative_samples=50 if args.quick else 200,
                                  latency_images=30 if args.quick else 100)
-    report.params.update(num_threads=threads, quantization=settings.quantization)
+    report.params.update(num_threads=threads or "runtime defaults", quantization=settings.quantization)
 
     seconds, result = timed(lambda: build_edge_model(lake, settings, tracking_uri=None))
     first = result.report
@@ -195,10 +212,11 @@ def run(report: Report, args) -> None:
             again, _, _ = parity.measure_parity(
                 tflite_model, trained.model, raw_images=result.data.test_raw, keras_inputs=result.data.test_features,
                 labels=result.data.test_labels, keras_size_bytes=trained.size_bytes,
-                quantization=settings.quantization, latency_images=settings.latency_images, num_threads=threads)
+                quantization=settings.quantization, latency_images=settings.latency_images, num_threads=threads or None)
             check(again.tflite_accuracy == first.tflite_accuracy, "the TFLite model changed its answers between runs")
             reports.append(again)
-        report.figure("like_for_like", like_for_like(trained.model, tflite_model, result.data, threads, settings.latency_images))
+        report.figure("like_for_like", like_for_like(trained.model, tflite_model, result.data, threads or None,
+                                                         settings.latency_images))
     keras_ms = Timing([r.keras_latency_ms / 1000 for r in reports])
     tflite_ms = Timing([r.tflite_latency_ms / 1000 for r in reports])
     latency_ratio = float(np.median([r.latency_ratio for r in reports]))
@@ -219,7 +237,20 @@ def add_arguments(cli) -> None:
     cli.add_argument("--lake", default=None, help="measure an existing lake (trained_model, raw_images, image_features)")
     cli.add_argument("--images", type=int, default=None, help="ELPV images to use (default all; quick 240)")
     cli.add_argument("--epochs", type=int, default=None, help="training epochs (default 15; quick 2)")
+    cli.add_argument("--threads", type=int, default=1,
+                     help="CPU threads for both TFLite and TensorFlow (default 1: one core each, as on a small edge "
+                          "device, and steady on a shared machine; 0: each runtime's default)")
+    cli.add_argument("--build-lake", default=None, help=argparse.SUPPRESS)
 
 
 if __name__ == "__main__":
+    if "--build-lake" in sys.argv:
+        from bench.common import parser, prepare_environment
+
+        cli = parser(None)
+        add_arguments(cli)
+        options = cli.parse_args()
+        prepare_environment()
+        print(json.dumps(build_lake(Path(options.build_lake), options.images, options.epochs), default=float))
+        sys.exit(0)
     sys.exit(main(NAME, run, __doc__, add_arguments))
