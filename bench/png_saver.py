@@ -67,6 +67,8 @@ class MemorySampler(threading.Thread):
         self.peaks: dict[int, dict] = {}
         self.peak_total_pss = 0
         self.samples = 0
+        self.started = time.monotonic()
+        self.driver_trace: list[tuple[float, int]] = []  # (seconds since start, driver RSS): when it grows
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -88,6 +90,8 @@ class MemorySampler(threading.Thread):
             total += pss
             entry = self.peaks.setdefault(pid, {"role": kind, "peak_rss": 0, "peak_pss": 0})
             entry["role"] = kind
+            if pid == self.root:
+                self.driver_trace.append((time.monotonic() - self.started, _kib(status, "VmRSS")))
             entry["peak_rss"] = max(entry["peak_rss"], _kib(status, "VmHWM"), _kib(status, "VmRSS"))
             entry["peak_pss"] = max(entry["peak_pss"], pss)
         self.peak_total_pss = max(self.peak_total_pss, total)
@@ -114,14 +118,12 @@ def write_prompts(path: Path, count: int) -> None:
 
 
 def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
-    """In a fresh process: materialize ernie_generated_images for `count` prompts, then check the output."""
+    """In a fresh process: materialize ernie_generated_images for `count` prompts."""
     import logging
 
     import dagster as dg
-    import pyarrow.dataset as ds
 
-    from dgx_assets.generation.assets import ASSET_KEY, ernie_generated_images
-    from dgx_assets.generation.generate import summarize
+    from dgx_assets.generation.assets import ernie_generated_images
     from dgx_assets.generation.resources import ErnieServingResource
     from dgx_assets.lake import Lake
     from dgx_assets.resources import LakeResource
@@ -132,7 +134,8 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
     write_prompts(prompts, count)
     lake = Lake(str(out_dir / "lake"))
     resources = {
-        "spark": SparkResource(),
+        # DGX_BENCH_SPARK_CONF (JSON): Spark overrides for a diagnosis run; unset, the project's defaults.
+        "spark": SparkResource(spark_conf=json.loads(os.environ.get("DGX_BENCH_SPARK_CONF") or "{}")),
         "lake": LakeResource(root=lake.root, prompts=str(prompts)),
         "ernie": ErnieServingResource(endpoints=",".join(endpoints), concurrency=CLIENT_CONCURRENCY),
     }
@@ -140,9 +143,19 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
     with dg.instance_for_test() as instance:
         result = dg.materialize([ernie_generated_images], instance=instance, resources=resources,
                                 run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
-    seconds = time.perf_counter() - started
     check(result.success, "ernie_generated_images failed")
+    return {"count": count, "seconds": time.perf_counter() - started}
 
+
+def verify(count: int, out_dir: Path) -> dict:
+    """What the saver wrote, read here and not in the measured process (so the check costs it no memory)."""
+    import pyarrow.dataset as ds
+
+    from dgx_assets.generation.assets import ASSET_KEY
+    from dgx_assets.generation.generate import summarize
+    from dgx_assets.lake import Lake
+
+    lake = Lake(str(out_dir / "lake"))
     final = lake.asset_uri(ASSET_KEY)
     table = ds.dataset(lake.data_files(final), filesystem=lake.fs, format="parquet")
     summary = summarize(table.to_table(columns=["status", "truncated", "endpoint"]))
@@ -150,7 +163,7 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
     files = sum(1 for _ in os.scandir(png_dir))
     sample = table.head(20, columns=["file_name", "content"]).to_pylist()
     same = all((png_dir / row["file_name"]).read_bytes() == row["content"] for row in sample)
-    return {"count": count, "seconds": seconds, "summary": summary, "png_files": files, "sample_same": same}
+    return {"summary": summary, "png_files": files, "sample_same": same}
 
 
 def measure(count: int, endpoints: list[str], out_dir: Path) -> dict:
@@ -171,6 +184,15 @@ def measure(count: int, endpoints: list[str], out_dir: Path) -> dict:
     result["peak_rss_by_role"] = {kind: sorted(values, reverse=True) for kind, values in by_role.items()}
     result["peak_total_pss"] = sampler.peak_total_pss
     result["samples"] = sampler.samples
+    trace = sampler.driver_trace
+    if trace:
+        duration = trace[-1][0] or 1.0
+        peak_at = max(trace, key=lambda point: point[1])[0]
+        # Driver RSS at each tenth of the run: growth at the very end is the driver reading results back.
+        result["driver_rss_mb_by_tenth"] = [
+            round(max((rss for at, rss in trace if at <= duration * tenth / 10), default=0) / 2**20)
+            for tenth in range(1, 11)]
+        result["driver_peak_at_share_of_run"] = round(peak_at / duration, 3)
     return result
 
 
@@ -193,6 +215,7 @@ def run(report: Report, args) -> None:
             shutil.rmtree(out_dir, ignore_errors=True)
             print(f"-- {count:,} images")
             result = measure(count, endpoints, out_dir)
+            result.update(verify(count, out_dir))
             shutil.rmtree(out_dir, ignore_errors=True)  # 100,000 PNG files: do not keep them
             summary = result["summary"]
             check(summary["prompts"] == count and summary["valid"] == count,
