@@ -17,6 +17,7 @@ under 1.2 GB in all. Quick: 500 and 5,000 images.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -241,15 +242,10 @@ def run(report: Report, args) -> None:
 
 
 def add_arguments(cli) -> None:
-    cli.add_argument("--child", type=int, default=None, help=argparse_hidden())
-    cli.add_argument("--endpoints", default=None, help=argparse_hidden())
-    cli.add_argument("--out", default=None, help=argparse_hidden())
-
-
-def argparse_hidden():
-    import argparse
-
-    return argparse.SUPPRESS
+    # The measured child process's own flags (not for users).
+    cli.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    cli.add_argument("--endpoints", default=None, help=argparse.SUPPRESS)
+    cli.add_argument("--out", default=None, help=argparse.SUPPRESS)
 
 
 if __name__ == "__main__":
