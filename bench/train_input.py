@@ -85,13 +85,9 @@ def in_memory(files, index) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, augment: bool, buffer: int):
-    """The best-case pipeline: make_dataset's steps, from tensors already in memory."""
+def _model_batches(data, augment: bool):
+    """The steps both pipelines share after their source: float pixels, optional flips, batches."""
     import tensorflow as tf
-
-    data = tf.data.Dataset.from_tensor_slices((images, labels))
-    if shuffle:
-        data = data.shuffle(min(buffer, len(images)), seed=SEED, reshuffle_each_iteration=True)
 
     def to_model_input(image, label):
         image = tf.cast(image, tf.float32)
@@ -101,6 +97,17 @@ def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, aug
         return image, label
 
     return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+
+
+def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, augment: bool, buffer: int):
+    """The best-case pipeline: make_dataset's steps, from tensors already in memory."""
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((images, labels))
+    if shuffle:
+        data = data.shuffle(min(buffer, len(images)), seed=SEED, reshuffle_each_iteration=True)
+
+    return _model_batches(data, augment)
 
 
 def batched_stream(files, index, *, shuffle: bool, augment: bool, buffer: int):
@@ -131,14 +138,7 @@ def batched_stream(files, index, *, shuffle: bool, augment: bool, buffer: int):
     if shuffle:
         data = data.shuffle(min(buffer, index.rows("train")), seed=SEED, reshuffle_each_iteration=True)
 
-    def to_model_input(image, label):
-        image = tf.cast(image, tf.float32)
-        if augment:
-            image = tf.image.random_flip_left_right(image, seed=SEED)
-            image = tf.image.random_flip_up_down(image, seed=SEED + 1)
-        return image, label
-
-    return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    return _model_batches(data, augment)
 
 
 def iterate(dataset) -> int:
