@@ -46,21 +46,14 @@ engine = GeneratorEngine(args["model_dir"], device="cpu")
 tokens = engine.tokenize(args["prompt"])
 size, latency = args["size"], args["fixed_latency_ms"] / 1000.0
 digests = [hashlib.sha256(engine.generate(tokens, seed, size, size)[0]).hexdigest() for seed in args["seeds"]]
-engine.generate(tokens, 0, size, size, hold_until=time.monotonic() + latency)
+engine.generate(tokens, 0, size, size, hold_s=latency)
 times = []
 for index in range(args["calls"]):
     started = time.monotonic()
-    engine.generate(tokens, index, size, size, hold_until=started + latency)  # what the server does per request
+    engine.generate(tokens, index, size, size, hold_s=latency)  # what the server does per request
     times.append(time.monotonic() - started)
 print(json.dumps({"digests": digests, "latencies_s": times}))
 """
-
-# The same server with TCP_NODELAY on its sockets: a diagnosis of the per-request overhead, not the project.
-NODELAY_SERVER = (
-    "import sys; from dgx_assets.serving import server; server.Handler.disable_nagle_algorithm = True; "
-    "from dgx_assets.serving.__main__ import main; sys.exit(main(sys.argv[1:]))"
-)
-
 
 def bare_predictor(model_dir: Path, fixed_latency_ms: float, calls: int, seeds: list[int]) -> dict:
     args = {"model_dir": str(model_dir), "prompt": PROMPT, "size": SIZE, "fixed_latency_ms": fixed_latency_ms,
@@ -131,27 +124,6 @@ def sequential_latencies(client, calls: int) -> list[float]:
     return times
 
 
-def start_nodelay_server(model_dir: Path, fixed_latency_ms: float, log_dir: Path):
-    from dgx_assets.generation.launcher import ServerProcess, wait_ready
-
-    port_file = log_dir / "nodelay.port"
-    port_file.write_text("")
-    log_path = log_dir / "nodelay.log"
-    log = open(log_path, "ab")
-    process = subprocess.Popen(
-        [sys.executable, "-c", NODELAY_SERVER, "serve", "--model-dir", str(model_dir), "--port", "0",
-         "--port-file", str(port_file), "--fixed-latency-ms", str(fixed_latency_ms)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)))
-    server = ServerProcess(process, port_file, log_path, _log_handle=log)
-    try:
-        wait_ready([server])
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
 def run(report: Report, args) -> None:
     isolate_state(NAME)
     from dgx_assets.generation import launcher
@@ -216,9 +188,8 @@ def run(report: Report, args) -> None:
         print(f"2 instances: {two.describe(burst_requests, 'requests')} (ceiling {2000 / fixed_ms:.1f}/s)")
         if one.rate(burst_requests) > 1.05 * 1000 / fixed_ms:
             report.note(f"one instance served {one.rate(burst_requests):.1f} requests/s, over the "
-                        f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold is not per predictor "
-                        "(it counts from the request's arrival, so a request that queued for the predictor holds "
-                        "it for less), and the figure is bounded by the client's requests in flight instead")
+                        f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold does not cost each "
+                        "request the full model time, so the figure measures the client's requests in flight")
 
         # Per-request overhead: sequential calls through client and server vs the bare predictor call.
         served = sequential_latencies(make_client(urls[:1], concurrency=1), sequential_calls)
@@ -232,18 +203,6 @@ def run(report: Report, args) -> None:
     finally:
         launcher.stop_servers(servers)
 
-    if not args.no_diagnosis:
-        # The same sequential measurement against a server with TCP_NODELAY (Nagle off): what the overhead
-        # would be with the server's response written without waiting for the client's delayed ACK.
-        nodelay = start_nodelay_server(model_dir, fixed_ms, logs)
-        try:
-            fast = statistics.median(sequential_latencies(make_client([nodelay.url], concurrency=1), sequential_calls))
-        finally:
-            nodelay.stop()
-        report.figure("diagnosis_overhead_with_tcp_nodelay", round(fast / bare_median - 1, 4))
-        print(f"diagnosis: with TCP_NODELAY on the server's sockets the same request takes {fast * 1000:.1f} ms "
-              f"(+{(fast - bare_median) * 1000:.1f} ms, {fast / bare_median - 1:.1%})")
-
     report.result("serving_two_over_one_instance", one.median / two.median, ">=", 1.9)
     report.result("serving_new_connections_pct", 100.0 * opened / time_wait_requests, "<=", 1.0)
     report.result("serving_time_wait_after_requests", len(left), "<=", 5)
@@ -252,7 +211,6 @@ def run(report: Report, args) -> None:
 
 def add_arguments(cli) -> None:
     cli.add_argument("--fixed-latency-ms", type=float, default=None, help="server model time (default 100; quick 50)")
-    cli.add_argument("--no-diagnosis", action="store_true", help="skip the TCP_NODELAY comparison server")
 
 
 if __name__ == "__main__":

@@ -193,10 +193,10 @@ class Handler(BaseHTTPRequestHandler):
 
         engine = model.engine
         tokenized = engine.tokenize(request.prompt)
-        hold_until = time.monotonic() + self.server.config.fixed_latency_ms / 1000.0
         try:
             pngs = engine.generate(tokenized, request.seed, request.width, request.height, request.count,
-                                   timeout_s=self.server.config.request_timeout_s, hold_until=hold_until)
+                                   timeout_s=self.server.config.request_timeout_s,
+                                   hold_s=self.server.config.fixed_latency_ms / 1000.0)
         except TimeoutError as error:
             raise ApiError(503, protocol.TIMEOUT, f"server busy: {error}") from None
         if fault == "truncate":

@@ -242,3 +242,19 @@ def test_config_file_settings_apply(configured_server):
                           headers={"Authorization": "Bearer test-secret-token"}, timeout=30)
     assert reply.status_code == 200
     assert time.monotonic() - started >= 0.3  # the benchmark option fixes the model time
+
+
+def test_fixed_latency_holds_the_predictor_for_each_request(configured_server):
+    """One predictor, two requests at once: the second waits for the first, then holds the full 300 ms
+    itself, so the fixed latency caps an instance at 1/latency requests per second, as a real model would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post(seed: int) -> int:
+        return requests.post(configured_server.url + OPENAI, json={"prompt": "cell", "size": "32x32", "seed": seed},
+                             headers={"Authorization": "Bearer test-secret-token"}, timeout=30).status_code
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        codes = list(pool.map(post, [1, 2]))
+    assert codes == [200, 200]
+    assert time.monotonic() - started >= 0.6
