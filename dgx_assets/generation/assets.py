@@ -17,6 +17,7 @@ from dgx_assets.spark.resource import SparkResource
 
 ASSET_KEY = "ernie_generated_images"
 ASSET_OWNERS = ["team:generative-inspection"]
+ROW_GROUP_BYTES = 16 * 1024 * 1024
 PREVIEW_COLUMNS = ["id", "status", "truncated", "attempts", "endpoint", "latency_s", "file_name", "error"]
 
 
@@ -85,13 +86,15 @@ def ernie_generated_images(
         frame = generate.generated_frame(todo if pending else None, kept, job)
         try:
             with spark_progress(session, context.log.info):
-                frame.write.mode("overwrite").parquet(staging)
+                # Row groups of 16 MB, not Parquet's 128 MB: every row carries a PNG, and each task buffers a
+                # whole row group in the JVM before writing it.
+                frame.write.mode("overwrite").option("parquet.block.size", ROW_GROUP_BYTES).parquet(staging)
         except BaseException:
             store.delete(staging)  # nothing half-written stays behind; the previous version is untouched
             raise
 
-    written = generate.read_summary(store, staging)
     store.commit(staging, final)
+    written = generate.written_dataset(store, final)
     summary = generate.summarize(written)
     reused = prompt_count - pending
     metadata = {
@@ -106,12 +109,12 @@ def ernie_generated_images(
         "prompts_uri": dg.MetadataValue.path(prompts_uri),
         "path": dg.MetadataValue.path(final),
         "png_folder": dg.MetadataValue.path(f"{final}/png"),
-        "preview": dg.MetadataValue.md(written.slice(0, 10).select(PREVIEW_COLUMNS).to_pandas()
+        "preview": dg.MetadataValue.md(written.head(10, columns=PREVIEW_COLUMNS).to_pandas()
                                        .to_markdown(index=False)),
     }
     context.log.info(f"ernie_generated_images: {summary['status_counts']} ({reused} reused)")
     if summary["valid"] == 0:
-        errors = sorted({e for e in written.column("error").to_pylist() if e})[:3]
+        errors = generate.first_errors(written)
         raise dg.Failure(
             description=(
                 f"No image could be generated for any of the {summary['prompts']} prompts "

@@ -26,11 +26,11 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
 
     store = lake.lake
     final = store.asset_uri(ASSET_KEY)
-    summary_table = generate.read_summary(store, final)
-    if summary_table is None:
+    written = generate.written_dataset(store, final)
+    if written is None:
         return dg.AssetCheckResult(passed=False, description=f"no table at {final}",
                                    metadata={"what_to_fix": "materialize ernie_generated_images first"})
-    summary = generate.summarize(summary_table)
+    summary = generate.summarize(written)
     frame = spark.spark_session.read.parquet(f"{final}/*.parquet").drop("content")
     outcome = run_suite(
         frame,

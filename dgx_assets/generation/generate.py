@@ -40,7 +40,6 @@ GENERATED_SCHEMA = (
     "endpoint string, latency_s double, attempts int, http_tries int, request_key string, generated_at timestamp"
 )
 COLUMNS = [part.strip().split(" ")[0] for part in GENERATED_SCHEMA.split(",")]
-SUMMARY_COLUMNS = [name for name in COLUMNS if name != "content"]
 
 
 @dataclass(frozen=True)
@@ -276,25 +275,30 @@ def build_generated_frame(prompts, job: GenerationJob, previous=None):
     return generated_frame(todo, kept, job)
 
 
-def read_summary(lake, uri: str):
-    """The written table without the image bytes (pyarrow), or None when there is none."""
+def written_dataset(lake, uri: str):
+    """The written table as a pyarrow dataset (nothing read yet), or None when there is none."""
     import pyarrow.dataset as ds
 
     files = lake.data_files(uri)
-    if not files:
-        return None
-    return ds.dataset(files, filesystem=lake.fs, format="parquet").to_table(columns=SUMMARY_COLUMNS)
+    return ds.dataset(files, filesystem=lake.fs, format="parquet") if files else None
 
 
-def summarize(table) -> dict:
-    statuses = table.column("status").to_pylist()
-    counts = {status: statuses.count(status) for status in STATUSES if status in statuses}
-    total = len(statuses)
-    truncated = sum(1 for flag in table.column("truncated").to_pylist() if flag)
-    endpoints: dict = {}
-    for endpoint in table.column("endpoint").to_pylist():
-        if endpoint:
-            endpoints[endpoint] = endpoints.get(endpoint, 0) + 1
+def summarize(dataset) -> dict:
+    """Counts per status and endpoint, streamed over three small columns: the driver's memory stays flat
+    however many images the table holds."""
+    import pyarrow.compute as pc
+
+    statuses: dict[str, int] = {}
+    endpoints: dict[str, int] = {}
+    total = truncated = 0
+    for batch in dataset.to_batches(columns=["status", "truncated", "endpoint"]):
+        total += batch.num_rows
+        truncated += pc.sum(batch.column("truncated")).as_py() or 0
+        for counts, column in ((statuses, "status"), (endpoints, "endpoint")):
+            for entry in pc.value_counts(batch.column(column)).to_pylist():
+                if entry["values"]:  # nulls and empty endpoints (rows never sent) are not counted
+                    counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+    counts = {status: statuses[status] for status in STATUSES if status in statuses}
     return {
         "prompts": total,
         "status_counts": counts,
@@ -303,3 +307,13 @@ def summarize(table) -> dict:
         "truncated": truncated,
         "endpoints": endpoints,
     }
+
+
+def first_errors(dataset, limit: int = 3) -> list[str]:
+    """A few distinct error messages, for a failure's description."""
+    errors: set[str] = set()
+    for batch in dataset.to_batches(columns=["error"]):
+        errors.update(e for e in batch.column("error").drop_null().unique().to_pylist() if e)
+        if len(errors) >= limit:
+            break
+    return sorted(errors)[:limit]
