@@ -150,15 +150,13 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
 
 def verify(count: int, out_dir: Path) -> dict:
     """What the saver wrote, read here and not in the measured process (so the check costs it no memory)."""
-    import pyarrow.dataset as ds
-
     from dgx_assets.generation.assets import ASSET_KEY
-    from dgx_assets.generation.generate import summarize
+    from dgx_assets.generation.generate import summarize, written_dataset
     from dgx_assets.lake import Lake
 
     lake = Lake(str(out_dir / "lake"))
     final = lake.asset_uri(ASSET_KEY)
-    table = ds.dataset(lake.data_files(final), filesystem=lake.fs, format="parquet")
+    table = written_dataset(lake, final)
     summary = summarize(table)
     png_dir = Path(lake.fs_path(f"{final}/png"))
     files = sum(1 for _ in os.scandir(png_dir))

@@ -109,12 +109,16 @@ class Lake:
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(path)
 
-    def data_files(self, uri: str, suffix: str = ".parquet") -> list[str]:
-        """Visible data files under `uri` (hidden and `_`-prefixed names skipped, as Spark does), sorted."""
+    def data_files(self, uri: str, suffix: str = ".parquet", recursive: bool = True) -> list[str]:
+        """Visible data files under `uri` (hidden and `_`-prefixed names skipped, as Spark does), sorted.
+
+        `recursive=False` lists only the folder itself: for a table whose folder also holds many other
+        files in subfolders (ernie_generated_images' PNGs), listing those would cost memory per file.
+        """
         path = self.fs_path(uri)
         if self.fs.get_file_info(path).type != pafs.FileType.Directory:
             return []
-        selector = pafs.FileSelector(path, recursive=True)
+        selector = pafs.FileSelector(path, recursive=recursive)
         found = []
         for info in self.fs.get_file_info(selector):
             relative = info.path[len(path):].lstrip("/")

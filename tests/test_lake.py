@@ -40,3 +40,17 @@ def test_plain_paths_and_uris_name_the_same_place(tmp_path):
     assert lake.root == (tmp_path / "lake").as_uri()
     assert lake.fs_path(lake.uri("a", "b")) == str(tmp_path / "lake" / "a" / "b")
     assert Lake((tmp_path / "lake").as_uri() + "/").root == lake.root
+
+
+def test_data_files_skip_hidden_and_underscore_names_and_can_stay_at_the_top(tmp_path):
+    lake = Lake(str(tmp_path / "lake"))
+    table = lake.asset_uri("generated")
+    for name in ("part-0.parquet", "part-1.parquet", "_SUCCESS", ".part-0.parquet.crc", "png/a.png",
+                 "batch=b1/part-2.parquet", "_temporary/part-9.parquet"):
+        lake.write_bytes(f"{table}/{name}", b"x")
+    top = lake.data_files(table, recursive=False)
+    assert [path.rsplit("/", 1)[1] for path in top] == ["part-0.parquet", "part-1.parquet"]
+    every = lake.data_files(table)
+    assert [path.rsplit("/", 2)[-2:] for path in every] == [
+        ["batch=b1", "part-2.parquet"], ["generated", "part-0.parquet"], ["generated", "part-1.parquet"]]
+    assert lake.data_files(lake.asset_uri("missing")) == []

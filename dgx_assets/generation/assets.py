@@ -69,7 +69,7 @@ def ernie_generated_images(
         raise dg.Failure(f"The prompts table {prompts_uri} has no rows.")
 
     previous = None
-    if not config.redo_all and store.data_files(final):
+    if not config.redo_all and generate.table_files(store, final):
         previous = session.read.parquet(f"{final}/*.parquet")
 
     todo, kept = generate.split_work(prompts, previous)

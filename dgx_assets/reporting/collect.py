@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.dataset as ds
 
+from dgx_assets.generation import generate
 from dgx_assets.ingest import tables
 from dgx_assets.lake import Lake
 from dgx_assets.reporting.verdict import CheckOutcome
@@ -143,10 +144,9 @@ def latest_metadata(instance, asset_key) -> dict | None:
 
 
 def generated_images(lake: Lake, samples_per_label: int = 6) -> dict | None:
-    files = lake.data_files(lake.asset_uri("ernie_generated_images"))
-    if not files:
+    dataset = generate.written_dataset(lake, lake.asset_uri("ernie_generated_images"))
+    if dataset is None:
         return None
-    dataset = ds.dataset(files, filesystem=lake.fs, format="parquet")
     columns = set(dataset.schema.names)
     summary = dataset.to_table(columns=[c for c in ("status", "label") if c in columns]).to_pydict()
     counts: dict[str, int] = {}
