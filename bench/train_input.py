@@ -85,9 +85,13 @@ def in_memory(files, index) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def _model_batches(data, augment: bool):
-    """The steps both pipelines share after their source: float pixels, optional flips, batches."""
+def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, augment: bool, buffer: int):
+    """The best-case pipeline: make_dataset's steps, from tensors already in memory."""
     import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((images, labels))
+    if shuffle:
+        data = data.shuffle(min(buffer, len(images)), seed=SEED, reshuffle_each_iteration=True)
 
     def to_model_input(image, label):
         image = tf.cast(image, tf.float32)
@@ -97,48 +101,6 @@ def _model_batches(data, augment: bool):
         return image, label
 
     return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
-
-
-def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, augment: bool, buffer: int):
-    """The best-case pipeline: make_dataset's steps, from tensors already in memory."""
-    import tensorflow as tf
-
-    data = tf.data.Dataset.from_tensor_slices((images, labels))
-    if shuffle:
-        data = data.shuffle(min(buffer, len(images)), seed=SEED, reshuffle_each_iteration=True)
-
-    return _model_batches(data, augment)
-
-
-def batched_stream(files, index, *, shuffle: bool, augment: bool, buffer: int):
-    """Diagnosis, not the project: make_dataset's scan with whole record batches handed to TensorFlow.
-
-    The project yields one example at a time from a Python generator (a Python call, a bytes object and a
-    numpy view per image); here each Arrow record batch becomes one uint8 array, sliced from the binary
-    column's data buffer without copying per image, and `unbatch` splits it inside TensorFlow.
-    """
-    import pyarrow.dataset as pads
-    import tensorflow as tf
-
-    ids = {name: i for i, name in enumerate(index.class_names)}
-    shape = index.tensor_shape
-    scan_filter = (pads.field("split") == "train") & (pads.field("feature_status") == "ok")
-
-    def batches():
-        for batch in files.dataset().to_batches(columns=["tensor", "label"], filter=scan_filter, batch_size=256):
-            tensors = batch.column("tensor")
-            offsets = np.frombuffer(tensors.buffers()[1], np.int32)[tensors.offset:tensors.offset + len(tensors) + 1]
-            pixels = np.frombuffer(tensors.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-            labels = np.fromiter((ids[label] for label in batch.column("label").to_pylist()), np.int32, len(batch))
-            yield pixels.reshape(len(batch), *shape), labels
-
-    data = tf.data.Dataset.from_generator(batches, output_signature=(
-        tf.TensorSpec((None, *shape), tf.uint8), tf.TensorSpec((None,), tf.int32))).unbatch()
-    data = data.apply(tf.data.experimental.assert_cardinality(index.rows("train")))
-    if shuffle:
-        data = data.shuffle(min(buffer, index.rows("train")), seed=SEED, reshuffle_each_iteration=True)
-
-    return _model_batches(data, augment)
 
 
 def iterate(dataset) -> int:
@@ -191,8 +153,6 @@ def run(report: Report, args) -> None:
         check(np.array_equal(batch_labels.numpy(), labels[position:position + n]), f"labels differ at row {position}")
         position += n
     check(position == train_rows, f"the streamed dataset yielded {position} of {train_rows} training images")
-    diagnosis = np.concatenate([b.numpy() for b, _ in batched_stream(files, index, shuffle=False, augment=False, buffer=1)])
-    check(np.array_equal(diagnosis, images.astype(np.float32)), "the batched diagnosis stream differs from the Parquet contents")
     print(f"  same {position} tensors and labels, in order")
 
     def project_dataset():
@@ -202,23 +162,18 @@ def run(report: Report, args) -> None:
     def baseline_dataset():
         return memory_dataset(images, labels, shuffle=True, augment=True, buffer=config.shuffle_buffer)
 
-    def diagnosis_dataset():
-        return batched_stream(files, index, shuffle=True, augment=True, buffer=config.shuffle_buffer)
-
     # 1. The pipelines alone.
     for make in (project_dataset, baseline_dataset):
         check(iterate(make()) == train_rows, "an epoch must yield every training image")
-    alone = interleaved({"project": lambda: iterate(project_dataset()), "baseline": lambda: iterate(baseline_dataset()),
-                         "diagnosis": lambda: iterate(diagnosis_dataset())}, repeats)
+    alone = interleaved({"project": lambda: iterate(project_dataset()), "baseline": lambda: iterate(baseline_dataset())},
+                        repeats)
     report.figure("pipeline_project", alone["project"].to_dict(train_rows))
     report.figure("pipeline_in_memory", alone["baseline"].to_dict(train_rows))
-    report.figure("diagnosis_pipeline_batched_stream", alone["diagnosis"].to_dict(train_rows))
     cpu = {name: round(cpu_per_image_ms(make, train_rows), 4)
-           for name, make in (("project", project_dataset), ("in_memory", baseline_dataset), ("diagnosis_batched", diagnosis_dataset))}
+           for name, make in (("project", project_dataset), ("in_memory", baseline_dataset))}
     report.figure("pipeline_cpu_ms_per_image", cpu)
     print(f"pipeline alone, Parquet stream: {alone['project'].describe(train_rows, 'images')}")
     print(f"pipeline alone, in memory: {alone['baseline'].describe(train_rows, 'images')}")
-    print(f"pipeline alone, batched stream (diagnosis): {alone['diagnosis'].describe(train_rows, 'images')}")
     print("CPU per image, pipeline alone (ms): " + ", ".join(f"{k} {v}" for k, v in cpu.items()))
 
     # 2. What training consumes: one epoch of model.fit on the project's classifier.
@@ -231,7 +186,6 @@ def run(report: Report, args) -> None:
     fit = interleaved({
         "project": lambda: model.fit(project_dataset(), epochs=1, verbose=0),
         "baseline": lambda: model.fit(baseline_dataset(), epochs=1, verbose=0),
-        "diagnosis": lambda: model.fit(diagnosis_dataset(), epochs=1, verbose=0),
     }, repeats)
     ours, theirs = fit["project"], fit["baseline"]
     low, high = ratio_spread(theirs, ours)
@@ -241,14 +195,10 @@ def run(report: Report, args) -> None:
     # On a shared 2-core machine an epoch takes either its time or twice it (a neighbour on one core):
     # the fastest epochs of each side compare the pipelines with that taken out.
     report.figure("training_ratio_fastest_epochs", round(min(theirs.samples) / min(ours.samples), 3))
-    report.figure("diagnosis_training_ratio_fastest_epochs", round(min(theirs.samples) / min(fit["diagnosis"].samples), 3))
-    report.figure("diagnosis_training_batched_stream", fit["diagnosis"].to_dict(train_rows))
-    report.figure("diagnosis_training_ratio_batched_stream", round(theirs.median / fit["diagnosis"].median, 3))
     pipeline_rate, model_rate = alone["project"].rate(train_rows), theirs.rate(train_rows)
     report.figure("pipeline_alone_over_training_rate", round(pipeline_rate / model_rate, 2))
     print(f"training, Parquet stream: {ours.describe(train_rows, 'images')}")
     print(f"training, in memory: {theirs.describe(train_rows, 'images')}")
-    print(f"training, batched stream (diagnosis): {fit['diagnosis'].describe(train_rows, 'images')}")
     print(f"the stream alone runs {pipeline_rate / model_rate:.1f}x as fast as the model consumes")
     report.figure("pipeline_alone_ratio", round(alone["baseline"].median / alone["project"].median, 3))
     report.result("train_input_ratio", theirs.median / ours.median, ">=", 0.9)
