@@ -126,3 +126,30 @@ def test_spark_job_writes_one_feature_row_per_valid_raw_row(spark, elpv_sample, 
     plain = compute_features(elpv_sample.head(3), config).set_index("sha256")
     for row in written[written["sha256"].isin(plain.index)].itertuples():
         assert row.tensor == plain.loc[row.sha256].tensor
+
+
+def test_spark_job_reads_raw_files_where_they_lie_and_counts_in_the_same_job(spark, tmp_path):
+    """No shuffle of image bytes and no extra counting jobs: the read tasks are the raw files' splits."""
+    rows = pd.concat([
+        training_data.synthetic_raw_rows(40, "b0"),
+        pd.DataFrame([training_data.raw_row("b0", "defective", "garbage.png", b"not an image")]),  # "valid" to ingest
+    ])
+    raw = tmp_path / "raw_images" / "batch=b0"
+    for index in range(4):  # ingest writes about one file per task slot
+        training_data.write_raw_partition(rows.iloc[index::4], raw, name=f"part-{index:05d}.parquet")
+    context, group = spark.sparkContext, f"image-features-{tmp_path.name}"
+    context.setJobGroup(group, "build_image_features")
+    try:
+        summary = build_image_features(spark, f"file://{raw}", f"file://{tmp_path / 'features'}",
+                                       FeatureConfig(image_height=32, image_width=32, batch_rows=8))
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+
+    assert (summary.valid_rows, summary.feature_rows, summary.failed_rows, summary.devices) == (41, 41, 1, ["cpu"])
+    written = pq.read_table(tmp_path / "features").to_pandas()
+    assert written["feature_status"].value_counts().to_dict() == {"ok": 40, "error": 1}
+    tracker = context.statusTracker()
+    stages = [tracker.getStageInfo(stage) for job in tracker.getJobIdsForGroup(group)
+              for stage in tracker.getJobInfo(job).stageIds]
+    # Spark's one-task footer read for the schema, then the write: one stage reading the four files.
+    assert sorted(stage.numTasks for stage in stages) == [1, 4]

@@ -100,11 +100,11 @@ def synthetic_raw_rows(count: int, batch: str, seed: int = 0, defect_share: floa
     return pd.DataFrame(rows)
 
 
-def write_raw_partition(rows: pd.DataFrame, folder: Path) -> Path:
+def write_raw_partition(rows: pd.DataFrame, folder: Path, name: str = "part-00000.parquet") -> Path:
     """Written as raw_images writes a partition: `batch` lives in the folder name, not in the file."""
     folder.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(rows.drop(columns=["batch"]), schema=RAW_SCHEMA, preserve_index=False)
-    pq.write_table(table, folder / "part-00000.parquet")
+    pq.write_table(table, folder / name)
     return folder
 
 
