@@ -1,9 +1,10 @@
 """Training input pipeline: images/s that training consumes streaming from Parquet vs from memory.
 
 Project: `dgx_assets.training.dataset.make_dataset` over image_features Parquet files, as
-`train_classifier` builds it for the training split (shuffled, flip augmentation, batches of 32).
+`train_classifier` builds it for the training split (shuffled, flips and quarter turns, batches of 32).
 Baseline: the same training tensors already in memory (numpy), through `tf.data.from_tensor_slices`
-with the same shuffle buffer, augmentation and batching: the fastest a pipeline can feed this model.
+with the same shuffle buffer, batching and per-image step (`dataset.model_input_step`, the same
+augmentation): the fastest a pipeline can feed this model.
 
 Measured twice: the pipeline alone (one epoch iterated, no model: how fast it can feed), and what
 training actually consumes (`model.fit` for one epoch of the project's classifier, compiled as
@@ -89,18 +90,14 @@ def memory_dataset(images: np.ndarray, labels: np.ndarray, *, shuffle: bool, aug
     """The best-case pipeline: make_dataset's steps, from tensors already in memory."""
     import tensorflow as tf
 
+    from dgx_assets.training.dataset import model_input_step
+
     data = tf.data.Dataset.from_tensor_slices((images, labels))
     if shuffle:
         data = data.shuffle(min(buffer, len(images)), seed=SEED, reshuffle_each_iteration=True)
 
-    def to_model_input(image, label):
-        image = tf.cast(image, tf.float32)
-        if augment:
-            image = tf.image.random_flip_left_right(image, seed=SEED)
-            image = tf.image.random_flip_up_down(image, seed=SEED + 1)
-        return image, label
-
-    return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    step = model_input_step(images.shape[1:], augment, SEED)
+    return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE)
 
 
 def iterate(dataset) -> int:

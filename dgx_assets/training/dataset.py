@@ -141,6 +141,17 @@ def make_dataset(
     if shuffle:
         data = data.shuffle(min(shuffle_buffer, index.rows(split)), seed=seed, reshuffle_each_iteration=True)
 
+    step = model_input_step(shape, augment, seed)
+    return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def model_input_step(shape: tuple[int, int, int], augment: bool, seed: int):
+    """(uint8 image, label) -> (float32 image, label), with the training augmentation when `augment`.
+
+    Shared with bench/train_input.py's in-memory baseline, so both sides do exactly the same work per image.
+    """
+    import tensorflow as tf
+
     def to_model_input(image, label):
         if augment:
             # Cells and wafers have no preferred orientation: flips (and quarter turns of square
@@ -152,7 +163,7 @@ def make_dataset(
                 image = tf.image.rot90(image, k=tf.random.uniform([], 0, 4, dtype=tf.int32, seed=seed + 2))
         return tf.cast(image, tf.float32), label
 
-    return data.map(to_model_input, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return to_model_input
 
 
 def _pixel_block(tensors: pa.Array, shape: tuple[int, int, int]) -> np.ndarray:
