@@ -43,17 +43,16 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
         target_file_bytes=config.target_file_mb * 1024 * 1024,
     )
     frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, settings)
-    staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
-    context.log.info(f"Ingesting {landing_batch} into {final}")
-    with spark_progress(spark.spark_session, context.log.info):
-        frame.write.mode("overwrite").parquet(staging)
-    written = tables.read_partition_summary(store, staging)
-    if written is None:
-        store.delete(staging)
+    if frame is None:
         raise dg.Failure(
             f"Landing batch {landing_batch} holds no image files ({', '.join(images.IMAGE_EXTENSIONS)}); "
             "check DGX_LANDING_URI and the batch folder name.",
         )
+    staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
+    context.log.info(f"Ingesting {landing_batch} into {final}")
+    with spark_progress(spark.spark_session, context.log.info):
+        frame.write.mode("overwrite").option("compression", spark_ingest.PARQUET_COMPRESSION).parquet(staging)
+    written = tables.read_partition_summary(store, staging)
     store.commit(staging, final)
     summary = tables.summarize(written)
     context.log.info(f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}")

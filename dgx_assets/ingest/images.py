@@ -11,8 +11,7 @@ import hashlib
 import io
 import posixpath
 import warnings
-from dataclasses import asdict, dataclass
-from urllib.parse import urlparse
+from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
@@ -30,7 +29,8 @@ UNSUPPORTED = "unsupported"
 TOO_LARGE = "too_large"
 ZERO_SIZE = "zero_size"
 UNLABELLED = "unlabelled"
-STATUSES = (VALID, EMPTY, NOT_AN_IMAGE, CORRUPTED, DECODE_ERROR, UNSUPPORTED, TOO_LARGE, ZERO_SIZE, UNLABELLED)
+UNREADABLE = "unreadable"  # listed, then gone or forbidden when its worker came to read it
+STATUSES = (VALID, EMPTY, NOT_AN_IMAGE, CORRUPTED, DECODE_ERROR, UNSUPPORTED, TOO_LARGE, ZERO_SIZE, UNLABELLED, UNREADABLE)
 
 SPLITS = ("train", "validation", "test")
 
@@ -52,7 +52,7 @@ class Verdict:
     mode: str | None = None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return dict(vars(self))  # shallow: dataclasses.asdict deep-copies, and this runs once per file
 
 
 _TRUNCATION_HINTS = (
@@ -151,6 +151,20 @@ def label_from_path(path: str, batch_path: str) -> str | None:
 
     Both arguments are compared by their path part, since Spark writes `file:/x` where we write `file:///x`.
     """
-    relative = urlparse(path).path[len(urlparse(batch_path).path.rstrip("/")) + 1:]
+    relative = path_inside(path)[len(path_inside(batch_path).rstrip("/")) + 1:]
     parts = relative.split("/")
     return parts[0] if len(parts) >= 2 else None
+
+
+def path_inside(uri: str) -> str:
+    """`file:/a/b`, `file:///a/b` or `hdfs://nn:8020/a/b` -> `/a/b`: the path part, as a pyarrow filesystem wants it.
+
+    Hadoop writes paths unescaped, so this is string surgery, not URL parsing: a `#`, `?` or `%` in a file
+    name stays as it is.
+    """
+    scheme, colon, rest = uri.partition(":")
+    if not colon or "/" in scheme:  # a plain path
+        return uri
+    if rest.startswith("//"):
+        rest = "/" + rest[2:].partition("/")[2]
+    return rest

@@ -1,30 +1,52 @@
-"""The raw_images Spark job: list a landing batch, decode every file on the executors, write Parquet.
+"""The raw_images Spark job: list a landing batch once, read and decode every file on the executors, write Parquet.
 
-Spark's `binaryFile` source lists the batch and pushes the size filter down, so files over the byte limit
-are recorded without their content ever being read. Files are packed into read partitions of about
-`target_file_bytes`, which is also about the size of each Parquet file written: millions of small images
-become few large files, as HDFS needs.
+The driver lists the batch through the lake's filesystem layer (local, hdfs://, webhdfs://; the landing
+sensor lists the same way) and cuts the listing into chunks of about `target_file_bytes`, one partition
+and so about one Parquet file each: millions of small images become few large files, as HDFS needs.
+Each Python worker reads its chunk's files itself, so the JVM never opens an image and the bytes cross
+into it once, on their way to Parquet, through `mapInArrow` (no pandas). Spark's `binaryFile` source
+would list the batch again in the JVM and stat every file in its task (measured: more JVM CPU than
+writing the Parquet), and with the content it sends every image's bytes to Python and back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import math
+import posixpath
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, NamedTuple
+
+import pyarrow as pa
 
 from dgx_assets.ingest import images
 
 if TYPE_CHECKING:
-    import pandas as pd  # executors import it when they run; the driver need not
+    import pyarrow.fs as pafs
 
-RAW_IMAGES_SCHEMA = (
-    "path string, label string, size_bytes long, modified_at timestamp, sha256 string, format string, "
-    "width int, height int, mode string, status string, reason string, split string, content binary, "
-    "ingested_at timestamp"
-)
+_TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType
+RAW_IMAGES_SCHEMA = pa.schema([
+    ("path", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()), ("modified_at", _TIMESTAMP),
+    ("sha256", pa.string()), ("format", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+    ("mode", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()),
+    ("content", pa.binary()), ("ingested_at", _TIMESTAMP),
+])
 # `batch` is not stored in the files: it is the hive folder `batch=<key>` and comes back when the table is read.
 
-_GLOB = "*.{" + ",".join(ext for e in images.IMAGE_EXTENSIONS for ext in (e, e.upper())) + "}"
+# Parquet codec for the raw_images files. Nearly all of their bytes are PNG/JPEG content, already
+# compressed: zstd (the session default) saved 0% on PNG and ~3% on JPEG here, for ~0.5 JVM CPU-s per
+# 180 MB. Uncompressed Parquet is read by pyarrow and Spark alike.
+PARQUET_COMPRESSION = "none"
+
+ROWS_PER_ARROW_BATCH = 256  # rows a worker holds before handing them to the JVM (the profile's maxRecordsPerBatch)
+OPEN_COST_BYTES = 64 * 1024  # what opening one file is counted as when chunks are balanced
+
+
+class ListedFile(NamedTuple):
+    path: str  # as Spark spells it: `file:/x`, `hdfs://nn:8020/x`
+    size: int
+    modified_us: int | None  # microseconds since the epoch, milliseconds precision like Hadoop's FileStatus
 
 
 @dataclass
@@ -35,70 +57,15 @@ class IngestSettings:
     target_file_bytes: int = 128 * 1024 * 1024
 
 
-def classify_files(
-    frames: Iterator["pd.DataFrame"], batch_path: str, settings: IngestSettings
-) -> Iterator["pd.DataFrame"]:
-    """mapInPandas body: one output row per input file, content kept only for valid images."""
-    import pandas as pd
-
-    ingested_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    for frame in frames:
-        rows = []
-        for path, length, modified, content in zip(
-            frame["path"], frame["length"], frame["modificationTime"], frame["content"]
-        ):
-            label = images.label_from_path(path, batch_path)
-            data = bytes(content) if content is not None else b""
-            verdict = images.inspect_image(data, path, settings.limits)
-            if verdict.status == images.VALID and label is None:
-                verdict.status, verdict.reason = images.UNLABELLED, "the file is not inside a label folder"
-            digest = images.sha256_hex(data)
-            rows.append(
-                {
-                    "path": path,
-                    "label": label,
-                    "size_bytes": int(length),
-                    "modified_at": modified,
-                    "sha256": digest,
-                    **verdict.as_dict(),
-                    "split": images.split_for(digest, settings.validation_share, settings.test_share),
-                    "content": data if verdict.status == images.VALID else None,
-                    "ingested_at": ingested_at,
-                }
-            )
-        yield pd.DataFrame(rows, columns=[c.split()[0] for c in RAW_IMAGES_SCHEMA.split(", ")])
+# --- driver ---------------------------------------------------------------------------------------------
 
 
-def oversized_rows(frames: Iterator["pd.DataFrame"], batch_path: str, settings: IngestSettings):
-    """mapInPandas body for files over the byte limit: recorded from the listing, content never read."""
-    import pandas as pd
+def list_batch(batch_uri: str) -> list[ListedFile]:
+    """Every image file of a landing batch, zero-byte ones included, sorted by path.
 
-    ingested_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    limit = settings.limits.max_file_bytes
-    for frame in frames:
-        yield pd.DataFrame(
-            {
-                "path": frame["path"],
-                "label": [images.label_from_path(p, batch_path) for p in frame["path"]],
-                "size_bytes": frame["length"].astype("int64"),
-                "modified_at": frame["modificationTime"],
-                "sha256": None,
-                "format": None,
-                "width": None,
-                "height": None,
-                "mode": None,
-                "status": images.TOO_LARGE,
-                "reason": [f"{n} bytes is over the {limit}-byte limit; content not read" for n in frame["length"]],
-                "split": None,
-                "content": None,
-                "ingested_at": ingested_at,
-            }
-        )
-
-
-def empty_files(batch_uri: str) -> list[tuple[str, "dt.datetime"]]:
-    """Zero-byte image files in a batch, listed on the driver: Spark's file scan drops empty files silently."""
-    import posixpath
+    Hidden and `_`-prefixed files and folders are skipped (as Spark and the landing sensor skip them), and
+    so is any file without an image extension: `x.png._COPYING_` is still being written.
+    """
     from urllib.parse import urlparse
 
     import pyarrow.fs as pafs
@@ -107,50 +74,106 @@ def empty_files(batch_uri: str) -> list[tuple[str, "dt.datetime"]]:
 
     fs, root = filesystem_for(batch_uri)
     uri = urlparse(normalize_uri(batch_uri))
-    # Spark names local files `file:/path`; keep the same spelling so every row's path looks alike.
+    # Spark names local files `file:/path`; keep its spelling, which the table has always had.
     prefix = "file:" if uri.scheme == "file" else f"{uri.scheme}://{uri.netloc}"
     found = []
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
         relative = info.path[len(root):].lstrip("/")
-        if info.type != pafs.FileType.File or info.size != 0:
-            continue
-        if any(part.startswith((".", "_")) for part in relative.split("/")):
+        if info.type != pafs.FileType.File or any(part.startswith((".", "_")) for part in relative.split("/")):
             continue
         if posixpath.splitext(info.path)[1].lstrip(".").lower() in images.IMAGE_EXTENSIONS:
-            found.append((prefix + info.path, info.mtime.replace(tzinfo=None) if info.mtime else None))
-    return found
+            modified = info.mtime_ns // 1_000_000 * 1000 if info.mtime_ns is not None else None
+            found.append(ListedFile(prefix + info.path, info.size, modified))
+    return sorted(found)
+
+
+def pack(files: list[ListedFile], target_bytes: int, min_chunks: int) -> list[list[ListedFile]]:
+    """Cut the listing into runs of about equal bytes: at least `min_chunks` (every core busy), none much
+    over `target_bytes`. Runs are contiguous in path order, so a label folder stays together."""
+    weights = [file.size + OPEN_COST_BYTES for file in files]
+    total = sum(weights)
+    count = max(min_chunks, math.ceil(total / target_bytes))
+    chunks: list[list[ListedFile]] = [[] for _ in range(count)]
+    done = 0
+    for file, weight in zip(files, weights):
+        chunks[done * count // total].append(file)
+        done += weight
+    return [chunk for chunk in chunks if chunk]
 
 
 def build_raw_images(spark, batch_uri: str, settings: IngestSettings):
-    """The raw_images DataFrame for one landing batch folder (lazy: nothing runs until it is written)."""
-    from pyspark.sql import functions as F
+    """The raw_images DataFrame for one landing batch folder, or None when it holds no image files.
 
-    # Pack many small files into each read partition (the default open cost of 4 MB per file would
-    # give a partition, and so an output file, per ~30 images).
-    spark.conf.set("spark.sql.files.maxPartitionBytes", str(settings.target_file_bytes))
-    spark.conf.set("spark.sql.files.openCostInBytes", str(64 * 1024))
-    listing = (
-        spark.read.format("binaryFile")
-        .option("pathGlobFilter", _GLOB)
-        .option("recursiveFileLookup", "true")
-        .option("ignoreMissingFiles", "true")
-        .load(batch_uri)
-    )
+    Lazy: the files are listed now, read when the DataFrame is written.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    files = list_batch(batch_uri)
+    if not files:
+        return None
+    chunks = spark.sparkContext.broadcast(pack(files, settings.target_file_bytes, spark.sparkContext.defaultParallelism))
+    # One id per partition, and each id names its chunk of the listing.
+    ids = spark.range(len(chunks.value), numPartitions=len(chunks.value))
+    return ids.mapInArrow(lambda batches: ingest_chunks(batches, chunks, batch_uri, settings), from_arrow_schema(RAW_IMAGES_SCHEMA))
+
+
+# --- Python workers -------------------------------------------------------------------------------------
+
+
+def ingest_chunks(ids: Iterator[pa.RecordBatch], chunks, batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the raw_images rows of the chunks whose ids this partition holds."""
+    for batch in ids:
+        for chunk in batch.column("id").to_pylist():
+            yield from ingest_files(chunks.value[chunk], batch_path, settings)
+
+
+def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
+    """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows."""
+    fs = _filesystem(batch_path)
+    ingested_at = dt.datetime.now(dt.timezone.utc)
+    for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
+        listed = files[start:start + ROWS_PER_ARROW_BATCH]
+        rows = [file_row(fs, file.path, file.size, batch_path, settings) for file in listed]
+        columns = {name: [row.get(name) for row in rows] for name in RAW_IMAGES_SCHEMA.names}
+        columns["modified_at"] = [file.modified_us for file in listed]
+        columns["ingested_at"] = [ingested_at] * len(rows)
+        yield pa.RecordBatch.from_pydict(columns, schema=RAW_IMAGES_SCHEMA)
+
+
+def file_row(fs: "pafs.FileSystem", path: str, size: int, batch_path: str, settings: IngestSettings) -> dict:
+    """The raw_images columns one file decides; content kept only for valid images.
+
+    Never raises for a bad file: every one gets a status and a reason.
+    """
+    row = {"path": path, "label": images.label_from_path(path, batch_path), "size_bytes": size}
     limit = settings.limits.max_file_bytes
-    fits = listing.filter(F.col("length") <= limit).mapInPandas(
-        lambda frames: classify_files(frames, batch_uri, settings), RAW_IMAGES_SCHEMA
-    )
-    too_big = (
-        listing.filter(F.col("length") > limit)
-        .select("path", "length", "modificationTime", F.lit(None).cast("binary").alias("content"))
-        .mapInPandas(lambda frames: oversized_rows(frames, batch_uri, settings), RAW_IMAGES_SCHEMA)
-    )
-    frame = fits.unionByName(too_big)
-    empty = empty_files(batch_uri)
-    if empty:
-        listed = spark.createDataFrame(
-            [(path, 0, modified, bytearray()) for path, modified in empty],
-            "path string, length long, modificationTime timestamp, content binary",
-        )
-        frame = frame.unionByName(listed.mapInPandas(lambda frames: classify_files(frames, batch_uri, settings), RAW_IMAGES_SCHEMA))
-    return frame
+    if size > limit:  # decided from the listing: the content is never read
+        return row | {"status": images.TOO_LARGE, "reason": f"{size} bytes is over the {limit}-byte limit; content not read"}
+    try:
+        data = _read(fs, path)
+    except (FileNotFoundError, PermissionError) as error:
+        # Gone or forbidden since it was listed: recorded, not fatal. Other I/O errors fail the task, so
+        # Spark retries it.
+        return row | {"status": images.UNREADABLE, "reason": f"could not read the file: {type(error).__name__}: {error}"}
+    verdict = images.inspect_image(data, path, settings.limits)
+    if verdict.status == images.VALID and row["label"] is None:
+        verdict.status, verdict.reason = images.UNLABELLED, "the file is not inside a label folder"
+    digest = images.sha256_hex(data)
+    return row | verdict.as_dict() | {
+        "sha256": digest,
+        "split": images.split_for(digest, settings.validation_share, settings.test_share),
+        "content": data if verdict.status == images.VALID else None,
+    }
+
+
+@functools.cache
+def _filesystem(batch_path: str) -> "pafs.FileSystem":
+    """One filesystem client per Python worker and batch (Spark reuses workers across tasks)."""
+    from dgx_assets.lake import filesystem_for
+
+    return filesystem_for(batch_path)[0]
+
+
+def _read(fs: "pafs.FileSystem", path: str) -> bytes:
+    with fs.open_input_file(images.path_inside(path)) as handle:
+        return handle.read()

@@ -41,3 +41,12 @@ def test_label_comes_from_the_folder_under_the_batch_whatever_the_uri_spelling()
     assert images.label_from_path("file:/lake/landing/b1/defective/x.png", "file:///lake/landing/b1") == "defective"
     assert images.label_from_path("hdfs://nn:8020/landing/b1/ok/x.png", "hdfs://nn:8020/landing/b1/") == "ok"
     assert images.label_from_path("file:/lake/landing/b1/x.png", "file:///lake/landing/b1") is None
+
+
+def test_path_inside_keeps_odd_characters_and_drops_scheme_and_authority():
+    assert images.path_inside("file:/lake/b1/ok/a#1 %20?.png") == "/lake/b1/ok/a#1 %20?.png"
+    assert images.path_inside("file:///lake/b1/x.png") == "/lake/b1/x.png"
+    assert images.path_inside("hdfs://nn:8020/landing/b1/ok/x.png") == "/landing/b1/ok/x.png"
+    assert images.path_inside("webhdfs://nn:9870/landing/b1/ok/x.png") == "/landing/b1/ok/x.png"
+    assert images.path_inside("/plain/path:with colon.png") == "/plain/path:with colon.png"
+    assert images.label_from_path("file:/lake/landing/b1/ok#1/x.png", "file:///lake/landing/b1") == "ok#1"

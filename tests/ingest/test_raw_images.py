@@ -1,6 +1,9 @@
 """raw_images through a real Dagster instance and a real SparkSession."""
 
+import os
+
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import dagster as dg
 from imagefactory import bad_files, valid_images, write_batch
 
@@ -13,7 +16,7 @@ from dgx_assets.resources import LakeResource
 ONLY_THE_ASSET = dg.AssetSelection.assets(raw_images).without_checks()
 
 
-def materialize_batch(instance, spark_resource, lake_root, batch, selection=None, raise_on_error=True):
+def materialize_batch(instance, spark_resource, lake_root, batch, selection=None, raise_on_error=True, config=None):
     instance.add_dynamic_partitions(image_batches.name, [batch])
     return dg.materialize(
         [raw_images, *raw_image_checks],
@@ -22,6 +25,7 @@ def materialize_batch(instance, spark_resource, lake_root, batch, selection=None
         resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
         selection=selection,
         raise_on_error=raise_on_error,
+        run_config={"ops": {"raw_images": {"config": config}}} if config else None,
     )
 
 
@@ -54,6 +58,30 @@ def test_every_file_has_a_row_and_valid_bytes_survive(tmp_path, spark_resource):
         assert metadata["files_listed"].value == len(expected)
         assert metadata["valid"].value == 20
         assert metadata["quarantined"].value["corrupted"] == 3
+
+
+def test_files_over_the_byte_limit_are_listed_not_read_and_the_files_are_uncompressed(tmp_path, spark_resource):
+    lake_root = tmp_path / "lake"
+    expected = write_batch(lake_root / "landing", "b5", bad=False)
+    limit = 50_000
+    assert all(len(data) <= limit for data in valid_images().values())
+    # Noise named .png: read, it would be `not_an_image`; `too_large` shows it was judged from the listing.
+    (lake_root / "landing" / "b5" / "functional" / "huge.png").write_bytes(os.urandom(limit + 1))
+    (lake_root / "landing" / "b5" / "loose.png").write_bytes(valid_images()["grey.png"])  # no label folder
+    with dg.instance_for_test() as instance:
+        materialize_batch(instance, spark_resource, lake_root, "b5", selection=ONLY_THE_ASSET, config={"max_file_bytes": limit})
+    rows = {"/".join(row["path"].split("/")[-2:]): row for row in read_partition(lake_root, "b5")}
+    assert set(rows) == set(expected) | {"functional/huge.png", "b5/loose.png"}
+    assert {rows[name]["status"] for name in expected} == {"valid"}
+    huge = rows["functional/huge.png"]
+    assert (huge["status"], huge["size_bytes"], huge["content"]) == ("too_large", limit + 1, None)
+    assert "content not read" in huge["reason"]
+    assert rows["b5/loose.png"]["status"] == "unlabelled"
+    lake = Lake(str(lake_root))
+    for path in lake.data_files(lake.asset_uri("raw_images", "b5")):
+        metadata = pq.ParquetFile(path).metadata  # PNG/JPEG bytes are not compressed a second time
+        codecs = {metadata.row_group(g).column(c).compression for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
+        assert codecs == {"UNCOMPRESSED"}, (path, codecs)
 
 
 def test_mostly_corrupt_batch_fails_the_blocking_check_and_stops_downstream(tmp_path, spark_resource):

@@ -1,0 +1,118 @@
+"""The raw_images job without Spark: the driver's listing and chunking, and what each Python worker runs."""
+
+import datetime as dt
+import os
+
+import pyarrow as pa
+from imagefactory import bad_files, valid_images
+
+from dgx_assets.ingest import images, spark_ingest
+from dgx_assets.ingest.spark_ingest import ListedFile
+
+MODIFIED = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+
+
+def write(batch, files: dict[str, bytes]):
+    for name, data in files.items():
+        (batch / name).parent.mkdir(parents=True, exist_ok=True)
+        (batch / name).write_bytes(data)
+        nanoseconds = (MODIFIED - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1) * 1000
+        os.utime(batch / name, ns=(nanoseconds, nanoseconds))
+
+
+def ingest(batch, files, settings=spark_ingest.IngestSettings()):
+    """{<label>/<file>: row} from the worker's Arrow batches, checked against the table's schema."""
+    out = pa.Table.from_batches(spark_ingest.ingest_files(files, batch.as_uri(), settings), spark_ingest.RAW_IMAGES_SCHEMA)
+    return {"/".join(row["path"].split("/")[-2:]): row for row in out.to_pylist()}
+
+
+def test_the_listing_keeps_every_image_file_zero_bytes_included_and_skips_the_rest(tmp_path):
+    batch = tmp_path / "b1"
+    write(batch, {
+        "ok/a.png": b"x", "ok/b.JPG": b"xy", "ok/empty.jpg": b"", "loose.tif": b"z",
+        "ok/notes.txt": b"t", "ok/.hidden.png": b"h", "_tmp/c.png": b"c", "ok/d.png._COPYING_": b"d",
+    })
+    listed = spark_ingest.list_batch(batch.as_uri())
+    assert [file.path for file in listed] == [f"file:{batch}/{name}" for name in ("loose.tif", "ok/a.png", "ok/b.JPG", "ok/empty.jpg")]
+    assert [file.size for file in listed] == [1, 1, 2, 0]
+    assert {file.modified_us for file in listed} == {int(MODIFIED.timestamp()) * 1_000_000 + 678_000}  # milliseconds, as Hadoop
+    assert spark_ingest.list_batch((tmp_path / "missing").as_uri()) == []
+
+
+def test_chunks_are_contiguous_balanced_and_cover_every_file():
+    files = [ListedFile(f"file:/b/ok/{i:03d}.png", 1000 * (1 + i % 3), 0) for i in range(100)]
+    chunks = spark_ingest.pack(files, target_bytes=1_000_000, min_chunks=2)
+    assert [file for chunk in chunks for file in chunk] == files
+    weights = [sum(f.size + spark_ingest.OPEN_COST_BYTES for f in chunk) for chunk in chunks]
+    one_file = 3000 + spark_ingest.OPEN_COST_BYTES
+    assert len(chunks) == 7 and max(weights) <= 1_000_000 + one_file and max(weights) - min(weights) <= 2 * one_file
+    assert len(spark_ingest.pack(files[:10], target_bytes=1_000_000, min_chunks=4)) == 4  # every core busy
+    assert len(spark_ingest.pack(files[:1], target_bytes=1_000_000, min_chunks=4)) == 1  # and no empty partitions
+
+
+def test_a_bad_file_among_good_ones_gets_its_reason_and_the_good_ones_their_bytes(tmp_path, monkeypatch):
+    batch = tmp_path / "b1"
+    good = {f"ok/{name}": data for name, data in valid_images().items()}
+    write(batch, good | {"ok/truncated.png": bad_files()["truncated.png"][0], "ok/empty.jpg": b""})
+    listed = spark_ingest.list_batch(batch.as_uri())
+    rows = ingest(batch, listed)
+    assert set(rows) == set(good) | {"ok/truncated.png", "ok/empty.jpg"}
+    for name, data in good.items():
+        row = rows[name]
+        assert (row["status"], row["content"], row["label"]) == ("valid", data, "ok")
+        assert row["sha256"] == images.sha256_hex(data) and row["size_bytes"] == len(data)
+        assert row["modified_at"] == MODIFIED and row["split"] in images.SPLITS
+    assert rows["ok/truncated.png"]["status"] == "corrupted" and rows["ok/truncated.png"]["content"] is None
+    assert rows["ok/empty.jpg"]["status"] == "empty"
+    monkeypatch.setattr(spark_ingest, "ROWS_PER_ARROW_BATCH", 3)  # several Arrow batches: the same rows
+    again = ingest(batch, listed)
+    assert {name: row | {"ingested_at": None} for name, row in again.items()} == {name: row | {"ingested_at": None} for name, row in rows.items()}
+
+
+class NoReads:
+    """A filesystem that fails the test if anything is opened."""
+
+    def open_input_file(self, path):
+        raise AssertionError(f"{path} was read")
+
+
+def test_a_file_over_the_byte_limit_is_recorded_from_the_listing_and_never_read(tmp_path):
+    settings = spark_ingest.IngestSettings(limits=images.ValidationLimits(max_file_bytes=1000))
+    row = spark_ingest.file_row(NoReads(), f"file:{tmp_path}/b1/ok/huge.png", 1001, (tmp_path / "b1").as_uri(), settings)
+    assert row["status"] == "too_large" and "1001 bytes is over the 1000-byte limit" in row["reason"]
+    assert row["label"] == "ok" and row["size_bytes"] == 1001 and "content" not in row and "sha256" not in row
+
+
+def test_a_file_gone_since_the_listing_gets_a_row_and_the_rest_go_on(tmp_path):
+    batch = tmp_path / "b1"
+    write(batch, {"ok/grey.png": valid_images()["grey.png"]})
+    listed = [*spark_ingest.list_batch(batch.as_uri()), ListedFile(f"file:{batch}/ok/vanished.png", 100, 0)]
+    rows = ingest(batch, listed)
+    assert rows["ok/vanished.png"]["status"] == images.UNREADABLE
+    assert "FileNotFoundError" in rows["ok/vanished.png"]["reason"]
+    assert rows["ok/grey.png"]["status"] == "valid"
+
+
+def test_a_file_directly_in_the_batch_is_unlabelled(tmp_path):
+    batch = tmp_path / "b1"
+    write(batch, {"grey.png": valid_images()["grey.png"]})
+    row = ingest(batch, spark_ingest.list_batch(batch.as_uri()))["b1/grey.png"]
+    assert row["status"] == "unlabelled" and row["label"] is None and row["content"] is None
+
+
+def test_each_partition_ingests_the_chunks_its_ids_name(tmp_path):
+    batch = tmp_path / "b1"
+    write(batch, {f"ok/{name}": data for name, data in valid_images().items()})
+    chunks = spark_ingest.pack(spark_ingest.list_batch(batch.as_uri()), target_bytes=1, min_chunks=1)  # one file each
+
+    class Broadcast:
+        value = chunks
+
+    ids = [pa.RecordBatch.from_pydict({"id": pa.array([1, 3], pa.int64())})]
+    out = pa.Table.from_batches(spark_ingest.ingest_chunks(iter(ids), Broadcast(), batch.as_uri(), spark_ingest.IngestSettings()))
+    assert out.column("path").to_pylist() == [chunks[1][0].path, chunks[3][0].path]
+
+
+def test_a_batch_without_image_files_builds_nothing(tmp_path):
+    write(tmp_path / "b1", {"ok/notes.txt": b"t"})
+    assert spark_ingest.build_raw_images(None, (tmp_path / "b1").as_uri(), spark_ingest.IngestSettings()) is None
