@@ -102,3 +102,25 @@ def test_cursor_stays_small_for_many_files(tmp_path):
         cursor = tick(instance, lake_root, tick(instance, lake_root, None).cursor).cursor
     assert len(json.loads(cursor)["requested"]) == 3
     assert len(cursor) < 200  # one short fingerprint per batch, not per file
+
+
+def test_scan_counts_only_visible_files_and_fingerprints_what_it_counts(tmp_path):
+    from dgx_assets.ingest.landing import scan_landing
+
+    landing = tmp_path / "landing"
+    for relative, data in [("b1/functional/a.png", b"aa"), ("b1/defective/b.png", b"bbb"),
+                           ("b1/.hidden/c.png", b"c"), ("b1/functional/.d.png", b"d"), ("b1/_tmp/e.png", b"e"),
+                           ("b1/functional/f.png._COPYING_", b"ff"), ("_staging/b9/g.png", b"g"), ("b2/x/h.png", b"h")]:
+        (landing / relative).parent.mkdir(parents=True, exist_ok=True)
+        (landing / relative).write_bytes(data)
+    (landing / "b3").mkdir()
+    first = scan_landing(str(landing))
+    assert sorted(first) == ["b1", "b2", "b3"]
+    b1 = first["b1"]
+    assert (b1.files, b1.total_bytes) == (3, 2 + 3 + 2)  # a, b and the file still copying
+    assert b1.in_progress == ("b1/functional/f.png._COPYING_",) and not b1.complete
+    assert first["b3"].files == 0 and not first["b3"].complete
+    (landing / "b1" / ".hidden" / "c.png").write_bytes(b"changed")  # invisible: same fingerprint
+    assert scan_landing(str(landing))["b1"].fingerprint == b1.fingerprint
+    (landing / "b1" / "defective" / "b.png").write_bytes(b"bbbb")
+    assert scan_landing(str(landing))["b1"].fingerprint != b1.fingerprint
