@@ -70,10 +70,10 @@ def event_breakdown(dagster_home: Path) -> dict:
 
     steps: dict[str, float] = defaultdict(float)
     resources: dict[str, float] = defaultdict(float)
-    runs, failures = [], []
+    runs, failures, gates = [], [], []
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home))) as instance:
         for run in instance.get_runs():
-            started_at, ended_at, open_steps, open_inits = None, None, {}, {}
+            started_at, ended_at, open_steps, open_inits, step_errors, held = None, None, {}, {}, 0, 0
             for entry in instance.all_logs(run.run_id):
                 event = entry.dagster_event
                 if event is None:
@@ -83,22 +83,31 @@ def event_breakdown(dagster_home: Path) -> dict:
                     started_at = at
                 elif kind in (kinds.RUN_SUCCESS, kinds.RUN_FAILURE):
                     ended_at = at
-                    if kind == kinds.RUN_FAILURE:
-                        failures.append(f"run {run.run_id}")
                 elif kind == kinds.STEP_START:
                     open_steps[key] = at
                 elif kind in (kinds.STEP_SUCCESS, kinds.STEP_FAILURE) and key in open_steps:
                     steps[key] += at - open_steps.pop(key)
                     if kind == kinds.STEP_FAILURE:
-                        failures.append(f"step {key} of run {run.run_id}")
+                        # A blocking check that fails holds back what follows it: a quality outcome the
+                        # demo reports (and exits 0 on), not an orchestration failure.
+                        error = event.step_failure_data.error
+                        if error is not None and error.cls_name == "DagsterAssetCheckFailedError":
+                            gates.append(f"step {key} of run {run.run_id}")
+                            held += 1
+                        else:
+                            step_errors += 1
+                            failures.append(f"step {key} of run {run.run_id}")
                 elif kind == kinds.RESOURCE_INIT_STARTED:
                     open_inits[key] = at
                 elif kind in (kinds.RESOURCE_INIT_SUCCESS, kinds.RESOURCE_INIT_FAILURE) and key in open_inits:
                     resources[key] += at - open_inits.pop(key)
+            if run.status != dg.DagsterRunStatus.SUCCESS and not (held and step_errors == 0 and ended_at):
+                failures.append(f"run {run.run_id} ({run.status.value})")
             runs.append({"run_id": run.run_id, "partition": run.tags.get("dagster/partition"),
                          "status": run.status.value,
                          "wall_s": round(ended_at - started_at, 2) if started_at and ended_at else None})
-    return {"steps": dict(steps), "resource_init": dict(resources), "runs": runs, "failures": failures}
+    return {"steps": dict(steps), "resource_init": dict(resources), "runs": runs, "failures": failures,
+            "quality_gates": gates}
 
 
 def run(report: Report, args) -> None:
@@ -133,9 +142,11 @@ def run(report: Report, args) -> None:
     report.figure("runs", breakdown["runs"])
     report.figure("step_work_s", {k: round(v, 1) for k, v in breakdown["steps"].items()})
     check(problem is None, str(problem))
-    check(not breakdown["failures"], f"the demo's event log has failures: {breakdown['failures']}")
-    check(breakdown["runs"] and all(r["status"] == "SUCCESS" for r in breakdown["runs"]),
-          f"not every run succeeded: {breakdown['runs']}")
+    check(breakdown["runs"] and not breakdown["failures"], f"the demo's runs failed: {breakdown['failures']}")
+    report.figure("quality_gates_that_held_back", breakdown["quality_gates"])
+    if breakdown["quality_gates"]:
+        report.note(f"blocking checks held back what follows them (the demo reports this and exits 0): "
+                    f"{breakdown['quality_gates']}")
     work = sum(breakdown["steps"].values())
     start_ups = sum(breakdown["resource_init"].values())
     in_runs = sum(r["wall_s"] or 0 for r in breakdown["runs"])
