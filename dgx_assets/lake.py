@@ -53,6 +53,12 @@ def _webhdfs_options(uri: str) -> dict:
     return options
 
 
+def has_hidden_part(relative: str) -> bool:
+    """Whether any part of a relative path is hidden (`.x`) or a marker or temporary folder (`_x`): Spark
+    skips those, and so do the lake's listings, the landing sensor and ingest."""
+    return relative.startswith((".", "_")) or "/." in relative or "/_" in relative
+
+
 @dataclass
 class Lake:
     root: str
@@ -124,7 +130,7 @@ class Lake:
             relative = info.path[len(path):].lstrip("/")
             if info.type != pafs.FileType.File or not info.path.endswith(suffix):
                 continue
-            if any(part.startswith((".", "_")) for part in relative.split("/")):
+            if has_hidden_part(relative):
                 continue
             found.append(info.path)
         return sorted(found)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from dgx_assets.lake import filesystem_for
+from dgx_assets.lake import filesystem_for, has_hidden_part
 
 # HDFS `put` writes `<name>._COPYING_` and renames at the end; other tools leave these while writing.
 IN_PROGRESS_SUFFIXES = ("._COPYING_", ".tmp", ".part", ".crdownload")
@@ -63,8 +63,7 @@ def _state(name: str, entries: list[tuple[str, str, int, int]]) -> BatchState:
     for inside, path, size, mtime in sorted(entries):
         if path.endswith(IN_PROGRESS_SUFFIXES):
             in_progress.append(f"{name}/{inside}")
-        slashed = "/" + inside
-        if "/." in slashed or "/_" in slashed:  # is_ignored() for any part of the path inside the batch
+        if has_hidden_part(inside):
             continue
         files += 1
         total += size

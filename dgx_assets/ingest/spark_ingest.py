@@ -70,7 +70,7 @@ def list_batch(batch_uri: str) -> list[ListedFile]:
 
     import pyarrow.fs as pafs
 
-    from dgx_assets.lake import filesystem_for, normalize_uri
+    from dgx_assets.lake import filesystem_for, has_hidden_part, normalize_uri
 
     fs, root = filesystem_for(batch_uri)
     uri = urlparse(normalize_uri(batch_uri))
@@ -79,7 +79,7 @@ def list_batch(batch_uri: str) -> list[ListedFile]:
     found = []
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
         relative = info.path[len(root):].lstrip("/")
-        if info.type != pafs.FileType.File or any(part.startswith((".", "_")) for part in relative.split("/")):
+        if info.type != pafs.FileType.File or has_hidden_part(relative):
             continue
         if posixpath.splitext(info.path)[1].lstrip(".").lower() in images.IMAGE_EXTENSIONS:
             modified = info.mtime_ns // 1_000_000 * 1000 if info.mtime_ns is not None else None
