@@ -188,7 +188,7 @@ def bench_sensor(report: Report, repeats: int, files: int, batches: int) -> None
     report.figure("scan_landing_only", listing.to_dict(files))
     for label, timing in timings.items():
         print(f"{label}: {timing.describe(files, 'files')}")
-    print(f"of which scan_landing (pyarrow listing + fingerprint): {listing.describe(files, 'files')}")
+    print(f"of which scan_landing (listing + fingerprint): {listing.describe(files, 'files')}")
     report.result("sensor_tick_vs_scandir", first_tick.median / walk.median, "<=", 2.0)
     report.result("sensor_idle_tick_vs_scandir", idle_tick.median / walk.median, "<=", 2.0)
 

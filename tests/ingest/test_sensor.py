@@ -124,3 +124,35 @@ def test_scan_counts_only_visible_files_and_fingerprints_what_it_counts(tmp_path
     assert scan_landing(str(landing))["b1"].fingerprint == b1.fingerprint
     (landing / "b1" / "defective" / "b.png").write_bytes(b"bbbb")
     assert scan_landing(str(landing))["b1"].fingerprint != b1.fingerprint
+
+
+def test_local_walk_and_remote_listing_agree_and_keep_the_cursor_fingerprint(tmp_path):
+    """Local landing zones are walked with os.scandir, HDFS is listed through pyarrow: the same tree must
+    give the same states through both, and fingerprints must keep the formula cursors were written with."""
+    import hashlib
+
+    import pyarrow.fs as pafs
+
+    from dgx_assets.ingest import landing as landing_scan
+
+    root = tmp_path / "landing"
+    for relative in ["b1/functional/a.png", "b1/defective/deep/b.png", "b1/.hidden/c.png", "b1/top.png",
+                     "b1/functional/f.png._COPYING_", "_staging/b9/g.png", "b2/x/h.png", "loose.png"]:
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(relative.encode())
+    (root / "b3").mkdir()
+    (root / "b1" / "functional" / "dangling.png").symlink_to(root / "nowhere.png")  # skipped, not fatal
+
+    walked = landing_scan._walk_local(str(root))
+    listed = landing_scan._list_remote(pafs.LocalFileSystem(), str(root))
+    states = {name: landing_scan._state(name, str(root), entries) for name, entries in walked.items()}
+    assert states == {name: landing_scan._state(name, str(root), entries) for name, entries in listed.items()}
+    assert states == landing_scan.scan_landing(str(root)) and sorted(states) == ["b1", "b2", "b3"]
+
+    counted = sorted(["b1/defective/deep/b.png", "b1/functional/a.png", "b1/functional/f.png._COPYING_", "b1/top.png"])
+    lines = ""
+    for relative in counted:
+        stat = (root / relative).stat()
+        lines += f"{root / relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+    assert states["b1"].fingerprint == hashlib.sha256(lines.encode()).hexdigest()[:16]
+    assert states["b1"].files == 4 and states["b1"].in_progress == ("b1/functional/f.png._COPYING_",)
