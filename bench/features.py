@@ -48,7 +48,7 @@ def ingest(spark, landing: Path, batch: str, out: Path) -> str:
     if not (out / "_SUCCESS").exists():
         frame = spark_ingest.build_raw_images(spark, f"{landing.as_uri()}/{batch}", spark_ingest.IngestSettings())
         # `batch` is the hive folder in the lake; here one flat folder, so it is written as a column.
-        frame.withColumn("batch", F.lit(batch)).write.mode("overwrite").parquet(uri)
+        spark_ingest.write_raw_images(frame.withColumn("batch", F.lit(batch)), uri)
     return uri
 
 

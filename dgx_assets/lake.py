@@ -11,6 +11,7 @@ them leaves the old version in a hidden `.previous` folder, and the next commit 
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +52,33 @@ def _webhdfs_options(uri: str) -> dict:
     if parsed.username:
         options["user"] = parsed.username
     return options
+
+
+def worker_filesystem(uri: str) -> pafs.FileSystem:
+    """The filesystem serving `uri`, one client per process and authority: Spark reuses Python workers
+    across tasks, and an HDFS connection is worth keeping."""
+    parsed = urlparse(normalize_uri(uri))
+    return _filesystem_at(f"{parsed.scheme}://{parsed.netloc}/")
+
+
+@functools.cache
+def _filesystem_at(authority: str) -> pafs.FileSystem:
+    return filesystem_for(authority)[0]
+
+
+def visible_files(fs: pafs.FileSystem, path: str, suffix: str = "", recursive: bool = True) -> list[str]:
+    """Files under folder `path` whose names end in `suffix`, hidden and `_`-prefixed parts skipped (as
+    Spark skips them), sorted; none when the folder does not exist."""
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=recursive)):
+        if info.type != pafs.FileType.File or not info.path.endswith(suffix):
+            continue
+        if has_hidden_part(info.path[len(path):].lstrip("/")):
+            continue
+        found.append(info.path)
+    return sorted(found)
 
 
 def has_hidden_part(relative: str) -> bool:
@@ -121,19 +149,7 @@ class Lake:
         `recursive=False` lists only the folder itself: for a table whose folder also holds many other
         files in subfolders (ernie_generated_images' PNGs), listing those would cost memory per file.
         """
-        path = self.fs_path(uri)
-        if self.fs.get_file_info(path).type != pafs.FileType.Directory:
-            return []
-        selector = pafs.FileSelector(path, recursive=recursive)
-        found = []
-        for info in self.fs.get_file_info(selector):
-            relative = info.path[len(path):].lstrip("/")
-            if info.type != pafs.FileType.File or not info.path.endswith(suffix):
-                continue
-            if has_hidden_part(relative):
-                continue
-            found.append(info.path)
-        return sorted(found)
+        return visible_files(self.fs, self.fs_path(uri), suffix, recursive)
 
     def partitions(self, asset: str) -> list[str]:
         """Partition keys that have a committed folder under `<root>/<asset>/`."""

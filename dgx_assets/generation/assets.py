@@ -12,12 +12,12 @@ import dagster as dg
 from dgx_assets.generation import generate
 from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.resources import LakeResource
+from dgx_assets.spark.parquet import image_table_options
 from dgx_assets.spark.progress import spark_progress
 from dgx_assets.spark.resource import SparkResource
 
 ASSET_KEY = "ernie_generated_images"
 ASSET_OWNERS = ["team:generative-inspection"]
-ROW_GROUP_BYTES = 16 * 1024 * 1024
 PREVIEW_COLUMNS = ["id", "status", "truncated", "attempts", "endpoint", "latency_s", "file_name", "error"]
 
 
@@ -86,9 +86,7 @@ def ernie_generated_images(
         frame = generate.generated_frame(todo if pending else None, kept, job)
         try:
             with spark_progress(session, context.log.info):
-                # Row groups of 16 MB, not Parquet's 128 MB: every row carries a PNG, and each task buffers a
-                # whole row group in the JVM before writing it.
-                frame.write.mode("overwrite").option("parquet.block.size", ROW_GROUP_BYTES).parquet(staging)
+                frame.write.mode("overwrite").options(**image_table_options("content")).parquet(staging)
         except BaseException:
             store.delete(staging)  # nothing half-written stays behind; the previous version is untouched
             raise

@@ -51,7 +51,7 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
     staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
     context.log.info(f"Ingesting {landing_batch} into {final}")
     with spark_progress(spark.spark_session, context.log.info):
-        frame.write.mode("overwrite").option("compression", spark_ingest.PARQUET_COMPRESSION).parquet(staging)
+        spark_ingest.write_raw_images(frame, staging)
     written = tables.read_partition_summary(store, staging)
     store.commit(staging, final)
     summary = tables.summarize(written)

@@ -1,19 +1,18 @@
 """The raw_images Spark job: list a landing batch once, read and decode every file on the executors, write Parquet.
 
-The driver lists the batch through the lake's filesystem layer (local, hdfs://, webhdfs://; the landing
-sensor lists the same way) and cuts the listing into chunks of about `target_file_bytes`, one partition
-and so about one Parquet file each: millions of small images become few large files, as HDFS needs.
-Each Python worker reads its chunk's files itself, so the JVM never opens an image and the bytes cross
-into it once, on their way to Parquet, through `mapInArrow` (no pandas). Spark's `binaryFile` source
-would list the batch again in the JVM and stat every file in its task (measured: more JVM CPU than
-writing the Parquet), and with the content it sends every image's bytes to Python and back.
+The driver lists the batch through the lake's filesystem layer (local, hdfs://, webhdfs://) and cuts the
+listing into chunks of about `target_file_bytes`, one partition and so about one Parquet file each:
+millions of small images become few large files, as HDFS needs. Each task's Python worker reads its
+chunk's files itself (`dgx_assets.spark.chunks`), so the JVM never opens an image and the bytes cross into
+it once, on their way to Parquet, as Arrow batches (no pandas). Spark's `binaryFile` source would list the
+batch again in the JVM and stat every file in its task (measured: more JVM CPU than writing the Parquet),
+and with the content it sends every image's bytes to Python and back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import math
 import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, NamedTuple
@@ -21,6 +20,9 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 import pyarrow as pa
 
 from dgx_assets.ingest import images
+from dgx_assets.lake import worker_filesystem
+from dgx_assets.spark.chunks import map_chunks, pack
+from dgx_assets.spark.parquet import image_table_options
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -87,49 +89,33 @@ def list_batch(batch_uri: str) -> list[ListedFile]:
     return sorted(found)
 
 
-def pack(files: list[ListedFile], target_bytes: int, min_chunks: int) -> list[list[ListedFile]]:
-    """Cut the listing into runs of about equal bytes: at least `min_chunks` (every core busy), none much
-    over `target_bytes`. Runs are contiguous in path order, so a label folder stays together."""
-    weights = [file.size + OPEN_COST_BYTES for file in files]
-    total = sum(weights)
-    count = max(min_chunks, math.ceil(total / target_bytes))
-    chunks: list[list[ListedFile]] = [[] for _ in range(count)]
-    done = 0
-    for file, weight in zip(files, weights):
-        chunks[done * count // total].append(file)
-        done += weight
-    return [chunk for chunk in chunks if chunk]
-
-
 def build_raw_images(spark, batch_uri: str, settings: IngestSettings):
     """The raw_images DataFrame for one landing batch folder, or None when it holds no image files.
 
     Lazy: the files are listed now, read when the DataFrame is written.
     """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     files = list_batch(batch_uri)
     if not files:
         return None
-    chunks = spark.sparkContext.broadcast(pack(files, settings.target_file_bytes, spark.sparkContext.defaultParallelism))
-    # One id per partition, and each id names its chunk of the listing.
-    ids = spark.range(len(chunks.value), numPartitions=len(chunks.value))
-    return ids.mapInArrow(lambda batches: ingest_chunks(batches, chunks, batch_uri, settings), from_arrow_schema(RAW_IMAGES_SCHEMA))
+    chunks = pack(files, _weight, settings.target_file_bytes, spark.sparkContext.defaultParallelism)
+    return map_chunks(spark, chunks, functools.partial(ingest_files, batch_path=batch_uri, settings=settings), RAW_IMAGES_SCHEMA)
+
+
+def write_raw_images(frame, uri: str) -> None:
+    """Write a raw_images DataFrame as the table's Parquet files (what the asset writes, and benchmarks read)."""
+    frame.write.mode("overwrite").options(**image_table_options("content", compression=PARQUET_COMPRESSION)).parquet(uri)
+
+
+def _weight(file: ListedFile) -> int:
+    return file.size + OPEN_COST_BYTES
 
 
 # --- Python workers -------------------------------------------------------------------------------------
 
 
-def ingest_chunks(ids: Iterator[pa.RecordBatch], chunks, batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the raw_images rows of the chunks whose ids this partition holds."""
-    for batch in ids:
-        for chunk in batch.column("id").to_pylist():
-            yield from ingest_files(chunks.value[chunk], batch_path, settings)
-
-
 def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
     """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows."""
-    fs = _filesystem(batch_path)
+    fs = worker_filesystem(batch_path)
     ingested_at = dt.datetime.now(dt.timezone.utc)
     for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
         listed = files[start:start + ROWS_PER_ARROW_BATCH]
@@ -164,14 +150,6 @@ def file_row(fs: "pafs.FileSystem", path: str, size: int, batch_path: str, setti
         "split": images.split_for(digest, settings.validation_share, settings.test_share),
         "content": data if verdict.status == images.VALID else None,
     }
-
-
-@functools.cache
-def _filesystem(batch_path: str) -> "pafs.FileSystem":
-    """One filesystem client per Python worker and batch (Spark reuses workers across tasks)."""
-    from dgx_assets.lake import filesystem_for
-
-    return filesystem_for(batch_path)[0]
 
 
 def _read(fs: "pafs.FileSystem", path: str) -> bytes:

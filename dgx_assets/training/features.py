@@ -1,9 +1,10 @@
 """Model-ready image features, computed inside Spark's Python workers with TensorFlow.
 
 ``compute_features`` is the plain-Python core (a pandas batch of valid ``raw_images`` rows in, a batch of
-feature rows out). ``features_from_batches`` wraps it for ``DataFrame.mapInPandas``: it binds the worker to
-the GPU Spark assigned to the task before TensorFlow is imported (see ``dgx_assets.spark.gpu``).
-``build_image_features`` is the Spark job over one raw_images partition.
+feature rows out). ``build_image_features`` is the Spark job over one raw_images partition: the driver
+plans row groups from the raw files' footers, and each task's Python worker (``features_of_row_groups``)
+binds to the GPU Spark assigned to the task before TensorFlow is imported (see ``dgx_assets.spark.gpu``),
+reads its row groups and runs ``compute_features`` on them.
 
 Each output row holds the model-input tensor as uint8 bytes, row-major (height, width, channels), with
 its shape in ``tensor_shape``: 0..255 pixel values after decoding, channel conversion and resizing, the
@@ -12,45 +13,42 @@ exact values the classifier sees. Image statistics are computed on that tensor s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import io
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+
+from dgx_assets.ingest import images
 
 # Columns read from raw_images (the split is raw_images' stable one, from the content hash). Like raw_images,
 # image_features does not store `batch` in its files: it is the hive folder `batch=<key>`.
 RAW_COLUMNS = ["path", "label", "sha256", "width", "height", "split", "content"]
+TASK_BYTES = 128 * 1024 * 1024  # raw bytes one feature task reads, at most, when row groups allow
 
-FEATURE_COLUMNS = [
-    "sha256",  # id of the image (content hash)
-    "path",
-    "label",
-    "split",  # train / validation / test
-    "source_width",
-    "source_height",
-    "tensor",  # uint8 bytes, row-major (height, width, channels)
-    "tensor_shape",  # [height, width, channels]
-    "brightness",  # mean grey level, 0..1
-    "contrast",  # RMS contrast: standard deviation of the grey level, 0..1
-    "sharpness",  # variance of the Laplacian of the grey level
-    "embedding",  # backbone features when an embedding model is configured, else null
-    "feature_status",  # "ok" or "error"
-    "feature_error",  # why, when feature_status is "error"
-    "feature_device",  # where it was computed: gpu:<address> / cpu in Spark tasks, gpu / cpu outside
-]
-
-FEATURE_SCHEMA_DDL = (
-    "sha256 string, path string, label string, split string, "
-    "source_width int, source_height int, tensor binary, tensor_shape array<int>, "
-    "brightness double, contrast double, sharpness double, embedding array<float>, "
-    "feature_status string, feature_error string, feature_device string"
-)
+FEATURE_SCHEMA = pa.schema([
+    ("sha256", pa.string()),  # id of the image (content hash)
+    ("path", pa.string()),
+    ("label", pa.string()),
+    ("split", pa.string()),  # train / validation / test
+    ("source_width", pa.int32()),
+    ("source_height", pa.int32()),
+    ("tensor", pa.binary()),  # uint8 bytes, row-major (height, width, channels)
+    ("tensor_shape", pa.list_(pa.int32())),  # [height, width, channels]
+    ("brightness", pa.float64()),  # mean grey level, 0..1
+    ("contrast", pa.float64()),  # RMS contrast: standard deviation of the grey level, 0..1
+    ("sharpness", pa.float64()),  # variance of the Laplacian of the grey level
+    ("embedding", pa.list_(pa.float32())),  # backbone features when an embedding model is configured, else null
+    ("feature_status", pa.string()),  # "ok" or "error"
+    ("feature_error", pa.string()),  # why, when feature_status is "error"
+    ("feature_device", pa.string()),  # where it was computed: gpu:<address> / cpu in Spark tasks, gpu / cpu outside
+])
+FEATURE_COLUMNS = FEATURE_SCHEMA.names
 
 _LAPLACIAN = [[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]]
 
@@ -110,11 +108,11 @@ def compute_features(
 
     tensors: list[bytes | None] = []
     errors: list[str | None] = []
-    images = []
+    decoded = []
     for content in rows["content"]:
         try:
             image = _model_input(tf, content, config)
-            images.append(image)
+            decoded.append(image)
             tensors.append(image.numpy().tobytes())
             errors.append(None)
         except Exception as exc:  # one bad image must not sink the batch: record why
@@ -124,8 +122,8 @@ def compute_features(
     ok = np.array([e is None for e in errors], dtype=bool)
     stats = np.full((len(out), 3), np.nan)
     embeddings: list[list[float] | None] = [None] * len(out)
-    if images:
-        batch = tf.stack(images)
+    if decoded:
+        batch = tf.stack(decoded)
         stats[ok] = _image_statistics(tf, batch)
         if config.embedding_model:
             model = _embedding_model(config)
@@ -143,16 +141,13 @@ def compute_features(
     return out[FEATURE_COLUMNS]
 
 
-def features_from_batches(batches: Iterator[pd.DataFrame], config: FeatureConfig) -> Iterator[pd.DataFrame]:
-    """``mapInPandas`` function: bind this worker to its task's GPU, then compute features per batch."""
-    from dgx_assets.spark.gpu import bind_task_gpus, describe_device
+class RowGroup(NamedTuple):
+    """One row group of a raw_images file: the unit a feature task reads."""
 
-    binding = bind_task_gpus()  # before TensorFlow's first import in this worker
-    tf = binding.tensorflow()
-    device = describe_device(binding, tf)
-    for rows in batches:
-        if len(rows):
-            yield compute_features(rows, config, device_label=device, tf=tf)
+    path: str  # inside the raw table's filesystem
+    index: int
+    valid_rows: int
+    bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,39 +159,62 @@ class FeatureJobSummary:
     tensor_shape: list[int]
 
 
+def plan_row_groups(raw_uri: str) -> list[RowGroup]:
+    """The row groups of a raw_images partition that hold valid rows, in file order, from the files' footers
+    and `status` columns (a few bytes per row: the content is not read here)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from dgx_assets.lake import filesystem_for, visible_files
+
+    fs, root = filesystem_for(raw_uri)
+    groups = []
+    for path in visible_files(fs, root, ".parquet"):
+        with fs.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            missing = [c for c in RAW_COLUMNS + ["status"] if c not in parquet.schema_arrow.names]
+            if missing:
+                raise ValueError(f"raw_images file {path} lacks columns {missing}; re-materialize raw_images")
+            for index in range(parquet.num_row_groups):
+                status = parquet.read_row_group(index, columns=["status"]).column("status")
+                valid = pc.sum(pc.equal(status, images.VALID)).as_py() or 0
+                if valid:
+                    groups.append(RowGroup(path, index, valid, parquet.metadata.row_group(index).total_byte_size))
+    return groups
+
+
 def build_image_features(spark: Any, raw_uri: str, output_uri: str, config: FeatureConfig) -> FeatureJobSummary:
     """Spark job: features for the valid rows of one raw_images partition, written as Parquet to output_uri.
 
-    One Spark job: the raw files are read where they lie, in read tasks Spark sizes from the input, and
-    the counts come from metrics observed while the rows stream through it.
+    The driver plans from the raw files' footers; each task's Python worker reads its row groups itself
+    (the JVM never carries the raw image bytes), and Spark writes the feature rows. The counts come from
+    the plan and from metrics observed while the rows stream out, in the same job.
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    from dgx_assets.spark.chunks import map_chunks, pack
+    from dgx_assets.spark.parquet import image_table_options
+
     config.validate()
-    raw = spark.read.parquet(raw_uri)
-    missing = [c for c in RAW_COLUMNS + ["status"] if c not in raw.columns]
-    if missing:
-        raise ValueError(f"raw_images at {raw_uri} lacks columns {missing}; re-materialize raw_images")
-    read, written = Observation("raw_images"), Observation("image_features")
-    valid = raw.where(F.col("status") == "valid").select(*RAW_COLUMNS).observe(read, F.count(F.lit(1)).alias("rows"))
-    features = valid.mapInPandas(functools.partial(features_from_batches, config=config), FEATURE_SCHEMA_DDL).observe(
+    groups = plan_row_groups(raw_uri)
+    valid_rows = sum(group.valid_rows for group in groups)
+    if not valid_rows:
+        return FeatureJobSummary(0, 0, 0, [], list(config.tensor_shape))
+    # Twice the task slots, so that row groups of uneven size still balance; a row group is the smallest task.
+    chunks = pack(groups, lambda group: group.bytes, TASK_BYTES, 2 * spark.sparkContext.defaultParallelism)
+    written = Observation("image_features")
+    features = map_chunks(
+        spark, chunks, functools.partial(features_of_row_groups, raw_uri=raw_uri, config=config), FEATURE_SCHEMA
+    ).observe(
         written,
         F.count(F.lit(1)).alias("rows"),
         F.count_if(F.col("feature_status") == "error").alias("failed"),
         F.array_sort(F.collect_set("feature_device")).alias("devices"),
     )
-    job_conf = {
-        "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.batch_rows),
-        # No repartition(): it would shuffle every image's bytes through the JVM. Spark splits the files
-        # instead, into read tasks of (input bytes / minPartitionNum) at most: twice the slots, so that
-        # tasks of uneven files still balance. A Parquet row group is the smallest split.
-        "spark.sql.files.minPartitionNum": str(2 * spark.sparkContext.defaultParallelism),
-    }
-    with _session_conf(spark, job_conf):  # both are read when the write plans and runs
-        features.write.mode("overwrite").parquet(output_uri)
+    features.write.mode("overwrite").options(**image_table_options("tensor")).parquet(output_uri)
 
-    valid_rows, counts = read.get["rows"], written.get
+    counts = written.get
     if counts["rows"] != valid_rows:
         raise RuntimeError(f"feature job wrote {counts['rows']} rows for {valid_rows} valid raw rows")
     return FeatureJobSummary(
@@ -208,20 +226,27 @@ def build_image_features(spark: Any, raw_uri: str, output_uri: str, config: Feat
     )
 
 
-@contextlib.contextmanager
-def _session_conf(spark: Any, settings: dict[str, str]) -> Iterator[None]:
-    """Session settings for one job, put back as they were afterwards (the session is the run's, shared)."""
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+def features_of_row_groups(groups: list[RowGroup], raw_uri: str, config: FeatureConfig) -> Iterator[pa.RecordBatch]:
+    """Task body, in a Spark Python worker: bind to the task's GPU (before TensorFlow's first import in the
+    worker), then read each row group's valid rows and yield their features, `batch_rows` at a time."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from dgx_assets.lake import worker_filesystem
+    from dgx_assets.spark.gpu import bind_task_gpus, describe_device
+
+    binding = bind_task_gpus()
+    tf = binding.tensorflow()
+    device = describe_device(binding, tf)
+    fs = worker_filesystem(raw_uri)
+    for group in groups:
+        with fs.open_input_file(group.path) as handle:
+            rows = pq.ParquetFile(handle).read_row_group(group.index, columns=RAW_COLUMNS + ["status"])
+        valid = rows.filter(pc.equal(rows.column("status"), images.VALID)).select(RAW_COLUMNS)
+        del rows
+        for batch in valid.to_batches(max_chunksize=config.batch_rows):
+            features = compute_features(batch.to_pandas(), config, device_label=device, tf=tf)
+            yield pa.RecordBatch.from_pandas(features, schema=FEATURE_SCHEMA, preserve_index=False)
 
 
 def _model_input(tf: Any, content: bytes, config: FeatureConfig) -> Any:

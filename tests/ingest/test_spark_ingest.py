@@ -1,4 +1,4 @@
-"""The raw_images job without Spark: the driver's listing and chunking, and what each Python worker runs."""
+"""The raw_images job without Spark: the driver's listing, and what each Python worker runs."""
 
 import datetime as dt
 import os
@@ -37,17 +37,6 @@ def test_the_listing_keeps_every_image_file_zero_bytes_included_and_skips_the_re
     assert [file.size for file in listed] == [1, 1, 2, 0]
     assert {file.modified_us for file in listed} == {int(MODIFIED.timestamp()) * 1_000_000 + 678_000}  # milliseconds, as Hadoop
     assert spark_ingest.list_batch((tmp_path / "missing").as_uri()) == []
-
-
-def test_chunks_are_contiguous_balanced_and_cover_every_file():
-    files = [ListedFile(f"file:/b/ok/{i:03d}.png", 1000 * (1 + i % 3), 0) for i in range(100)]
-    chunks = spark_ingest.pack(files, target_bytes=1_000_000, min_chunks=2)
-    assert [file for chunk in chunks for file in chunk] == files
-    weights = [sum(f.size + spark_ingest.OPEN_COST_BYTES for f in chunk) for chunk in chunks]
-    one_file = 3000 + spark_ingest.OPEN_COST_BYTES
-    assert len(chunks) == 7 and max(weights) <= 1_000_000 + one_file and max(weights) - min(weights) <= 2 * one_file
-    assert len(spark_ingest.pack(files[:10], target_bytes=1_000_000, min_chunks=4)) == 4  # every core busy
-    assert len(spark_ingest.pack(files[:1], target_bytes=1_000_000, min_chunks=4)) == 1  # and no empty partitions
 
 
 def test_a_bad_file_among_good_ones_gets_its_reason_and_the_good_ones_their_bytes(tmp_path, monkeypatch):
@@ -98,19 +87,6 @@ def test_a_file_directly_in_the_batch_is_unlabelled(tmp_path):
     write(batch, {"grey.png": valid_images()["grey.png"]})
     row = ingest(batch, spark_ingest.list_batch(batch.as_uri()))["b1/grey.png"]
     assert row["status"] == "unlabelled" and row["label"] is None and row["content"] is None
-
-
-def test_each_partition_ingests_the_chunks_its_ids_name(tmp_path):
-    batch = tmp_path / "b1"
-    write(batch, {f"ok/{name}": data for name, data in valid_images().items()})
-    chunks = spark_ingest.pack(spark_ingest.list_batch(batch.as_uri()), target_bytes=1, min_chunks=1)  # one file each
-
-    class Broadcast:
-        value = chunks
-
-    ids = [pa.RecordBatch.from_pydict({"id": pa.array([1, 3], pa.int64())})]
-    out = pa.Table.from_batches(spark_ingest.ingest_chunks(iter(ids), Broadcast(), batch.as_uri(), spark_ingest.IngestSettings()))
-    assert out.column("path").to_pylist() == [chunks[1][0].path, chunks[3][0].path]
 
 
 def test_a_batch_without_image_files_builds_nothing(tmp_path):

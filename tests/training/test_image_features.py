@@ -6,6 +6,7 @@ import io
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -17,6 +18,7 @@ from dgx_assets.training.features import (
     FeatureConfigError,
     build_image_features,
     compute_features,
+    plan_row_groups,
     tensor_from_row,
 )
 from imagefactory import valid_images
@@ -128,8 +130,9 @@ def test_spark_job_writes_one_feature_row_per_valid_raw_row(spark, elpv_sample, 
         assert row.tensor == plain.loc[row.sha256].tensor
 
 
-def test_spark_job_reads_raw_files_where_they_lie_and_counts_in_the_same_job(spark, tmp_path):
-    """No shuffle of image bytes and no extra counting jobs: the read tasks are the raw files' splits."""
+def test_spark_job_reads_raw_row_groups_in_its_tasks_and_counts_in_the_same_job(spark, tmp_path):
+    """One job, one stage: the tasks read their raw row groups themselves (no Spark scan of the image
+    bytes, no shuffle, no separate counting job)."""
     rows = pd.concat([
         training_data.synthetic_raw_rows(40, "b0"),
         pd.DataFrame([training_data.raw_row("b0", "defective", "garbage.png", b"not an image")]),  # "valid" to ingest
@@ -149,7 +152,36 @@ def test_spark_job_reads_raw_files_where_they_lie_and_counts_in_the_same_job(spa
     written = pq.read_table(tmp_path / "features").to_pandas()
     assert written["feature_status"].value_counts().to_dict() == {"ok": 40, "error": 1}
     tracker = context.statusTracker()
-    stages = [tracker.getStageInfo(stage) for job in tracker.getJobIdsForGroup(group)
-              for stage in tracker.getJobInfo(job).stageIds]
-    # Spark's one-task footer read for the schema, then the write: one stage reading the four files.
-    assert sorted(stage.numTasks for stage in stages) == [1, 4]
+    jobs = tracker.getJobIdsForGroup(group)
+    stages = [tracker.getStageInfo(stage) for job in jobs for stage in tracker.getJobInfo(job).stageIds]
+    # local[2]: twice the slots, one row group (file) each.
+    assert len(jobs) == 1 and [stage.numTasks for stage in stages] == [4]
+
+
+def test_plan_counts_valid_rows_per_row_group_and_skips_groups_without_any(tmp_path):
+    rows = training_data.synthetic_raw_rows(12, "b0")
+    rows["status"] = ["valid"] * 5 + ["corrupted"] * 7
+    raw = tmp_path / "raw_images" / "batch=b0"
+    table = pa.Table.from_pandas(rows.drop(columns=["batch"]), schema=training_data.RAW_SCHEMA, preserve_index=False)
+    (raw / ".staging").mkdir(parents=True)
+    pq.write_table(table, raw / "part-00000.parquet", row_group_size=4)
+    pq.write_table(table, raw / ".staging" / "part-00000.parquet")  # hidden: not part of the table
+
+    groups = plan_row_groups(raw.as_uri())
+    assert [(group.index, group.valid_rows) for group in groups] == [(0, 4), (1, 1)]  # the third group: none valid
+    assert {group.path for group in groups} == {str(raw / "part-00000.parquet")}
+
+
+def test_a_raw_partition_without_the_needed_columns_is_refused_with_what_to_do(spark, tmp_path):
+    raw = tmp_path / "raw_images" / "batch=b0"
+    raw.mkdir(parents=True)
+    pq.write_table(pa.table({"path": ["a.png"], "status": ["valid"]}), raw / "part-00000.parquet")
+    with pytest.raises(ValueError, match=r"lacks columns .*'content'.*re-materialize raw_images"):
+        build_image_features(spark, raw.as_uri(), (tmp_path / "features").as_uri(), FeatureConfig())
+
+
+def test_a_raw_partition_without_valid_rows_runs_no_spark_job(spark, tmp_path):
+    rows = training_data.synthetic_raw_rows(3, "b0").assign(status="corrupted")
+    raw = training_data.write_raw_partition(rows, tmp_path / "raw_images" / "batch=b0")
+    summary = build_image_features(spark, raw.as_uri(), (tmp_path / "features").as_uri(), FeatureConfig())
+    assert (summary.valid_rows, summary.feature_rows) == (0, 0) and not (tmp_path / "features").exists()
