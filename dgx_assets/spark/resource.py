@@ -33,6 +33,10 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.memory": "4g",
+            # A local JVM lives for one Dagster run, too short for C2's compilations to pay back: the JIT
+            # kept compiling through five ingest runs in a JFR profile. C1 alone cut the JVM's CPU by ~45%
+            # on ingest and features and its start-up from 16 to 9 CPU-s (BENCHMARKS.md, 1 and 2).
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
             "spark.sql.shuffle.partitions": "8",
