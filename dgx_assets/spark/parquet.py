@@ -6,9 +6,9 @@ row group in the JVM, and readers split their work by row group (image_features'
 streaming reads), so smaller groups also balance over more cores.
 
 A column of opaque bytes gains nothing from a dictionary (no two values repeat) or from min/max statistics
-(no query filters on image bytes), and Parquet pays for both per value: hashing each value until the
-dictionary overflows and comparing and copying values for the statistics took about a fifth of the JVM's
-CPU in a profile of the raw_images write (JFR, bench/ingest.py's 5,000 images).
+(no query filters on image bytes), and Parquet pays for both per value: hashing values for the dictionary
+until it overflows, comparing and copying them for the statistics. Turning both off for the image column
+cut the JVM's CPU on bench/ingest.py's 5,000 images by about an eighth (BENCHMARKS.md, 1).
 """
 
 from __future__ import annotations
