@@ -109,6 +109,13 @@ class Lake:
         relative = uri[len(self.root):].lstrip("/")
         return posixpath.join(self._root_path, relative) if relative else self._root_path
 
+    def uri_of(self, path: str) -> str:
+        """The URI of a path of this lake's filesystem, under its root (the inverse of `fs_path`)."""
+        if path != self._root_path and not path.startswith(self._root_path.rstrip("/") + "/"):
+            raise ValueError(f"{path} is not under the lake's root {self.root}")
+        relative = path[len(self._root_path):].lstrip("/")
+        return self.uri(relative) if relative else self.root
+
     def asset_uri(self, asset: str, partition: str | None = None) -> str:
         if partition is None:
             return self.uri(asset)

@@ -1,5 +1,7 @@
 """The lake's atomic replace, for partitioned and whole-asset folders, and recovery after a killed commit."""
 
+import pytest
+
 from dgx_assets.lake import Lake
 
 
@@ -40,6 +42,10 @@ def test_plain_paths_and_uris_name_the_same_place(tmp_path):
     assert lake.root == (tmp_path / "lake").as_uri()
     assert lake.fs_path(lake.uri("a", "b")) == str(tmp_path / "lake" / "a" / "b")
     assert Lake((tmp_path / "lake").as_uri() + "/").root == lake.root
+    assert lake.uri_of(lake.fs_path(lake.uri("a", "b c#1"))) == lake.uri("a", "b c#1")  # and back
+    assert lake.uri_of(lake.fs_path(lake.root)) == lake.root
+    with pytest.raises(ValueError, match="not under the lake's root"):
+        lake.uri_of(str(tmp_path / "lake-other" / "x"))
 
 
 def test_data_files_skip_hidden_and_underscore_names_and_can_stay_at_the_top(tmp_path):

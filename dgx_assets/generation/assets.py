@@ -70,7 +70,7 @@ def ernie_generated_images(
 
     previous = None
     if not config.redo_all and generate.table_files(store, final):
-        previous = session.read.parquet(f"{final}/*.parquet")
+        previous = generate.spark_table(session, store, final)
 
     todo, kept = generate.split_work(prompts, previous)
     pending = todo.count()

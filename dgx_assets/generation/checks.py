@@ -31,7 +31,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
         return dg.AssetCheckResult(passed=False, description=f"no table at {final}",
                                    metadata={"what_to_fix": "materialize ernie_generated_images first"})
     summary = generate.summarize(written)
-    frame = spark.spark_session.read.parquet(f"{final}/*.parquet").drop("content")
+    frame = generate.spark_table(spark.spark_session, store, final).drop("content")
     outcome = run_suite(
         frame,
         "ernie_generated_valid_share",

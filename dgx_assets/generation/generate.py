@@ -281,6 +281,12 @@ def table_files(lake, uri: str) -> list[str]:
     return lake.data_files(uri, recursive=False)
 
 
+def spark_table(session, lake, uri: str):
+    """The table as a Spark DataFrame, read from its files by name: reading the folder would make Spark list
+    the 100,000 PNGs in `png/`, and a `*.parquet` glob makes it log a stack trace looking for metadata."""
+    return session.read.parquet(*[lake.uri_of(path) for path in table_files(lake, uri)])
+
+
 def written_dataset(lake, uri: str):
     """The written table as a pyarrow dataset (nothing read yet), or None when there is none."""
     import pyarrow.dataset as ds
