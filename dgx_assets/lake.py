@@ -66,19 +66,21 @@ def _filesystem_at(authority: str) -> pafs.FileSystem:
     return filesystem_for(authority)[0]
 
 
-def visible_files(fs: pafs.FileSystem, path: str, suffix: str = "", recursive: bool = True) -> list[str]:
-    """Files under folder `path` whose names end in `suffix`, hidden and `_`-prefixed parts skipped (as
-    Spark skips them), sorted; none when the folder does not exist."""
+def visible_file_infos(fs: pafs.FileSystem, path: str, recursive: bool = True) -> list[pafs.FileInfo]:
+    """Files under folder `path`, hidden and `_`-prefixed parts skipped (as Spark skips them), sorted by
+    path; none when the folder does not exist."""
     if fs.get_file_info(path).type != pafs.FileType.Directory:
         return []
-    found = []
-    for info in fs.get_file_info(pafs.FileSelector(path, recursive=recursive)):
-        if info.type != pafs.FileType.File or not info.path.endswith(suffix):
-            continue
-        if has_hidden_part(info.path[len(path):].lstrip("/")):
-            continue
-        found.append(info.path)
-    return sorted(found)
+    infos = [
+        info for info in fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
+        if info.type == pafs.FileType.File and not has_hidden_part(info.path[len(path):].lstrip("/"))
+    ]
+    return sorted(infos, key=lambda info: info.path)
+
+
+def visible_files(fs: pafs.FileSystem, path: str, suffix: str = "", recursive: bool = True) -> list[str]:
+    """The paths of `visible_file_infos` whose names end in `suffix`."""
+    return [info.path for info in visible_file_infos(fs, path, recursive) if info.path.endswith(suffix)]
 
 
 def has_hidden_part(relative: str) -> bool:

@@ -70,23 +70,18 @@ def list_batch(batch_uri: str) -> list[ListedFile]:
     """
     from urllib.parse import urlparse
 
-    import pyarrow.fs as pafs
-
-    from dgx_assets.lake import filesystem_for, has_hidden_part, normalize_uri
+    from dgx_assets.lake import filesystem_for, normalize_uri, visible_file_infos
 
     fs, root = filesystem_for(batch_uri)
     uri = urlparse(normalize_uri(batch_uri))
     # Spark names local files `file:/path`; keep its spelling, which the table has always had.
     prefix = "file:" if uri.scheme == "file" else f"{uri.scheme}://{uri.netloc}"
     found = []
-    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-        relative = info.path[len(root):].lstrip("/")
-        if info.type != pafs.FileType.File or has_hidden_part(relative):
-            continue
+    for info in visible_file_infos(fs, root):
         if posixpath.splitext(info.path)[1].lstrip(".").lower() in images.IMAGE_EXTENSIONS:
             modified = info.mtime_ns // 1_000_000 * 1000 if info.mtime_ns is not None else None
             found.append(ListedFile(prefix + info.path, info.size, modified))
-    return sorted(found)
+    return found
 
 
 def build_raw_images(spark, batch_uri: str, settings: IngestSettings):
