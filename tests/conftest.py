@@ -47,6 +47,16 @@ def spark_resource():
     return SparkResource(spark_conf=TEST_SPARK_CONF)
 
 
+@pytest.fixture
+def started_spark(spark_resource):
+    """The SparkSession of `spark_resource`, set up as Dagster sets it up for a run."""
+    import dagster as dg
+
+    with dg.build_init_resource_context() as init:
+        spark_resource.setup_for_execution(init)
+    return spark_resource.spark_session
+
+
 @pytest.fixture(scope="session")
 def one_paddle_thread():
     """Serving processes started while this is active use one thread each: their pools only fight on 2 cores."""

@@ -20,13 +20,10 @@ def test_chunks_are_contiguous_balanced_and_cover_every_item():
     assert pack([], lambda i: 1, target_bytes=10, min_chunks=2) == []
 
 
-def test_each_chunk_runs_once_in_its_own_task(spark_resource):
-    import dagster as dg
+def test_each_chunk_runs_once_in_its_own_task(started_spark):
     from pyspark import TaskContext
 
-    with dg.build_init_resource_context() as init:
-        spark_resource.setup_for_execution(init)
-    spark = spark_resource.spark_session
+    spark = started_spark
     schema = pa.schema([("item", pa.string()), ("partition", pa.int32())])
     chunks = [["a", "b"], ["c"], ["d", "e", "f"]]
 

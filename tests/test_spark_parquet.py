@@ -7,12 +7,8 @@ import pyarrow.parquet as pq
 from dgx_assets.spark.parquet import ROW_GROUP_BYTES, image_table_options
 
 
-def test_image_bytes_get_no_dictionary_or_statistics_and_row_groups_stay_small(spark_resource, tmp_path):
-    import dagster as dg
-
-    with dg.build_init_resource_context() as init:
-        spark_resource.setup_for_execution(init)
-    spark = spark_resource.spark_session
+def test_image_bytes_get_no_dictionary_or_statistics_and_row_groups_stay_small(started_spark, tmp_path):
+    spark = started_spark
     rows = [(f"label-{i % 3}", os.urandom(100_000)) for i in range(400)]  # 40 MB of incompressible "images"
     frame = spark.createDataFrame(rows, "label string, content binary").coalesce(1)
     frame.write.mode("overwrite").options(**image_table_options("content", compression="none")).parquet(str(tmp_path / "t"))

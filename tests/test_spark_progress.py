@@ -3,12 +3,8 @@ import time
 from dgx_assets.spark.progress import spark_progress
 
 
-def test_progress_is_logged_while_a_stage_runs(spark_resource):
-    import dagster as dg
-
-    with dg.build_init_resource_context() as init:
-        spark_resource.setup_for_execution(init)
-    spark = spark_resource.spark_session
+def test_progress_is_logged_while_a_stage_runs(started_spark):
+    spark = started_spark
     messages = []
 
     def slow(rows):
