@@ -7,6 +7,8 @@ from dgx_assets.spark.progress import spark_progress
 from dgx_assets.spark.resource import SparkResource
 
 ASSET_OWNERS = ["team:data-platform"]
+# Metadata key of the landing batch's fingerprint (landing.batch_state) that a raw_images partition was made from.
+LANDING_FINGERPRINT = "landing_fingerprint"
 
 
 class RawImagesConfig(dg.Config):
@@ -31,7 +33,7 @@ class RawImagesConfig(dg.Config):
     ),
 )
 def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark: SparkResource, lake: LakeResource):
-    from dgx_assets.ingest import spark_ingest, tables  # pyarrow and pandas: only when a run needs them
+    from dgx_assets.ingest import landing, spark_ingest, tables  # pyarrow and pandas: only when a run needs them
 
     batch = context.partition_key
     store = lake.lake
@@ -42,7 +44,9 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
         test_share=config.test_share,
         target_file_bytes=config.target_file_mb * 1024 * 1024,
     )
-    frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, settings)
+    # Listed once, as the sensor lists it: the fingerprint recorded below is the one the sensor compares.
+    landed = landing.look_at_batch(landing_batch)
+    frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, settings, landed)
     if frame is None:
         raise dg.Failure(
             f"Landing batch {landing_batch} holds no image files ({', '.join(images.IMAGE_EXTENSIONS)}); "
@@ -69,5 +73,7 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
             "preview": dg.MetadataValue.md(preview.to_pandas().to_markdown(index=False)),
             "path": dg.MetadataValue.path(final),
             "landing_batch": dg.MetadataValue.path(landing_batch),
-        }
+            LANDING_FINGERPRINT: landed.state.fingerprint,
+        },
+        data_version=dg.DataVersion(landed.state.fingerprint),
     )

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
+from dgx_assets.ingest.landing import REFUSED_STATUSES
+
 SUPPORTED_FORMATS = frozenset({"PNG", "JPEG", "BMP", "TIFF"})
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "bmp", "tif", "tiff")
 EXTENSION_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF"}
@@ -30,7 +32,9 @@ TOO_LARGE = "too_large"
 ZERO_SIZE = "zero_size"
 UNLABELLED = "unlabelled"
 UNREADABLE = "unreadable"  # listed, then gone or forbidden when its worker came to read it
-STATUSES = (VALID, EMPTY, NOT_AN_IMAGE, CORRUPTED, DECODE_ERROR, UNSUPPORTED, TOO_LARGE, ZERO_SIZE, UNLABELLED, UNREADABLE)
+# ... and, from the landing listing, `symlink`, `special_file` and `unlistable`: entries recorded, never opened.
+STATUSES = (VALID, EMPTY, NOT_AN_IMAGE, CORRUPTED, DECODE_ERROR, UNSUPPORTED, TOO_LARGE, ZERO_SIZE, UNLABELLED, UNREADABLE,
+            *REFUSED_STATUSES)
 
 SPLITS = ("train", "validation", "test")
 

@@ -1,18 +1,25 @@
-"""Looking at the landing zone: which batch folders exist, and whether each is still being written.
+"""Looking at the landing zone: which batch folders exist, what each holds, and whether it is still being written.
 
-A batch is fingerprinted from the names, sizes and modification times of its visible files, so the
-sensor's cursor holds one short hash per batch however many files land. A batch is ready when it holds no
-file still being copied and its fingerprint is the same on two looks in a row. Hidden and `_`-prefixed
-files and folders are not looked at (Spark and ingest skip them too).
+One listing serves the landing sensor and ingest alike. Landing zones are hostile: a symbolic link may
+point out of the zone or back into a parent folder, a FIFO blocks whoever opens it, a folder may refuse
+to be listed. So the listing never follows a link (it records it), never opens anything (the type comes
+from the directory entry or an lstat), and an entry it cannot read costs only its own batch: each such
+entry is kept as a `Refused` entry with a status and a reason, and ingest gives it a raw_images row.
+
+A batch is fingerprinted from the names, sizes and modification times of its visible files (plus its
+refused entries, when it has any), so the sensor's cursor holds one short hash per batch however many
+files land. A batch is ready when it holds no file still being copied and its fingerprint is the same on
+two looks in a row. Hidden and `_`-prefixed files and folders are not looked at (Spark and ingest skip them too).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import operator
 import os
-from dataclasses import dataclass
+import posixpath
+import stat
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
@@ -20,6 +27,27 @@ from dgx_assets.lake import filesystem_for, has_hidden_part
 
 # HDFS `put` writes `<name>._COPYING_` and renames at the end; other tools leave these while writing.
 IN_PROGRESS_SUFFIXES = ("._COPYING_", ".tmp", ".part", ".crdownload")
+
+# raw_images statuses of entries that are not regular files: recorded, never opened.
+SYMLINK = "symlink"
+SPECIAL_FILE = "special_file"
+UNLISTABLE = "unlistable"
+REFUSED_STATUSES = (SYMLINK, SPECIAL_FILE, UNLISTABLE)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An entry the listing did not follow or could not read: a link, a special file, an unlistable folder."""
+
+    path: str  # as the filesystem names it
+    status: str  # one of REFUSED_STATUSES
+    reason: str
+
+
+@dataclass
+class BatchListing:
+    files: list[tuple[str, int, int]] = field(default_factory=list)  # visible regular files: (path, size, mtime_ns)
+    refused: list[Refused] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -29,10 +57,34 @@ class BatchState:
     total_bytes: int
     fingerprint: str
     in_progress: tuple[str, ...]  # files still being written
+    refused: tuple[Refused, ...] = ()  # entries recorded but not read (links, special files, unlistable folders)
 
     @property
     def complete(self) -> bool:
         return not self.in_progress and self.files > 0
+
+    def refused_summary(self, root: str) -> str:
+        """`2 entries not read: a/x (symlink), b (unlistable)`, for the sensor's tick and run tags."""
+        names = [f"{entry.path[len(root):].lstrip('/')} ({entry.status})" for entry in self.refused[:5]]
+        more = f", and {len(self.refused) - 5} more" if len(self.refused) > 5 else ""
+        return f"{len(self.refused)} entr{'y' if len(self.refused) == 1 else 'ies'} not read: {', '.join(names)}{more}"
+
+
+@dataclass(frozen=True)
+class Landing:
+    root: str  # the landing zone's path in its filesystem
+    batches: dict[str, BatchState]
+    refused: tuple[Refused, ...]  # top-level entries that are not batch folders (links, special files)
+
+
+@dataclass(frozen=True)
+class LandedBatch:
+    """One batch as ingest sees it: where it is, what it holds, and the fingerprint the sensor compares."""
+
+    fs: pafs.FileSystem
+    path: str  # the batch folder's path in `fs`
+    listing: BatchListing
+    state: BatchState
 
 
 def is_ignored(name: str) -> bool:
@@ -40,80 +92,179 @@ def is_ignored(name: str) -> bool:
     return name.startswith((".", "_"))
 
 
-def scan_landing(landing_uri: str) -> dict[str, BatchState]:
-    """Every batch folder under the landing zone, in one recursive listing."""
+def look(landing_uri: str) -> Landing:
+    """Every batch folder under the landing zone and what it holds, plus the top-level entries refused."""
     fs, root = filesystem_for(landing_uri)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
-        return {}
+        return Landing(root, {}, ())
     # Local landing zones (a laptop, an NFS mount) are walked with os.scandir, whose directory entries
     # carry the file type for free: pyarrow's listing and its FileInfo objects cost twice the walk on
-    # 100,000 files (bench/code_location.py). HDFS and WebHDFS are listed through pyarrow, where the
-    # namenode round trips dominate.
-    walk = _walk_local if isinstance(fs, pafs.LocalFileSystem) else functools.partial(_list_remote, fs)
-    return {name: _state(name, root, files) for name, files in sorted(walk(root).items())}
+    # 100,000 files (bench/code_location.py), and pyarrow follows links. HDFS and WebHDFS are listed
+    # through pyarrow, where the namenode round trips dominate.
+    if isinstance(fs, pafs.LocalFileSystem):
+        listings, refused = _walk_local(root)
+    else:
+        listings, refused = _list_remote(fs, root)
+    batches = {name: batch_state(name, root, listing) for name, listing in sorted(listings.items())}
+    return Landing(root, batches, tuple(sorted(refused, key=lambda entry: entry.path)))
 
 
-# A listing: per batch folder, every visible file below it as (path, size, mtime_ns).
-Listing = dict[str, list[tuple[str, int, int]]]
+def scan_landing(landing_uri: str) -> dict[str, BatchState]:
+    """Every batch folder under the landing zone, in one listing."""
+    return look(landing_uri).batches
 
 
-def _walk_local(root: str) -> Listing:
-    listing: Listing = {}
+def look_at_batch(batch_uri: str) -> LandedBatch:
+    """One batch folder, listed exactly as the sensor lists it (same entries, same fingerprint)."""
+    parent, _, name = batch_uri.rstrip("/").rpartition("/")
+    # Only the landing zone's own path is resolved: the batch folder itself may be a link, never followed.
+    fs, root = filesystem_for(parent or "/")
+    path = posixpath.join(root, name)
+    if isinstance(fs, pafs.LocalFileSystem):
+        listing = _walk_local_batch(path)
+    else:
+        listing = _list_remote_batch(fs, path)
+    return LandedBatch(fs, path, listing, batch_state(name, root, listing))
+
+
+# --- local: os.scandir, links never followed ------------------------------------------------------------
+
+
+def _walk_local(root: str) -> tuple[dict[str, BatchListing], list[Refused]]:
+    listings: dict[str, BatchListing] = {}
+    refused: list[Refused] = []
     with os.scandir(root) as top:
-        batches = [entry for entry in top if not is_ignored(entry.name) and entry.is_dir()]
-    for batch in batches:
-        files = listing[batch.name] = []
-        folders = [batch.path]
-        while folders:
-            try:
-                entries = os.scandir(folders.pop())
-            except FileNotFoundError:  # removed since its parent was read
+        for entry in top:
+            if is_ignored(entry.name):
                 continue
-            with entries:
-                for entry in entries:
-                    if is_ignored(entry.name):
-                        continue
-                    if entry.is_dir():
-                        folders.append(entry.path)
-                        continue
-                    try:
-                        stat = entry.stat()
-                    except FileNotFoundError:
-                        # A broken link, or renamed since the folder was read (a copy tool finishing): the
-                        # next look sees the result, and the changed fingerprint holds the batch back.
-                        continue
-                    files.append((entry.path, stat.st_size, stat.st_mtime_ns))
-    return listing
+            if entry.is_dir(follow_symlinks=False):
+                listings[entry.name] = _walk_local_batch(entry.path)
+            # Loose files at the top are no batch: skipped. Links and special files are named in the tick.
+            elif not entry.is_file(follow_symlinks=False) and (kind := _refuse(entry)) is not None:
+                refused.append(kind)
+    return listings, refused
 
 
-def _list_remote(fs: pafs.FileSystem, root: str) -> Listing:
-    listing: Listing = {}
-    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-        # Each FileInfo property builds a new Python object: read each once.
-        path, kind = info.path, info.type
-        batch, _, inside = path[len(root):].lstrip("/").partition("/")
-        if is_ignored(batch):
+def _walk_local_batch(path: str) -> BatchListing:
+    listing = BatchListing()
+    if os.path.islink(path):  # a batch folder that is a link: not followed, wherever it points
+        listing.refused.append(_link(path))
+        return listing
+    folders = [path]
+    while folders:
+        folder = folders.pop()
+        try:
+            entries = os.scandir(folder)
+        except FileNotFoundError:  # removed since its parent was read
             continue
-        if not inside:
-            if kind == pafs.FileType.Directory:
-                listing.setdefault(batch, [])
-        elif kind == pafs.FileType.File and not has_hidden_part(inside):
-            listing.setdefault(batch, []).append((path, info.size or 0, info.mtime_ns or 0))
+        except OSError as error:  # forbidden, not a folder any more, an I/O error: this folder only
+            listing.refused.append(Refused(folder, UNLISTABLE, f"the folder cannot be listed: {_describe(error)}"))
+            continue
+        with entries:
+            for entry in entries:
+                if is_ignored(entry.name):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        # Renamed since the folder was read (a copy tool finishing): the next look sees the
+                        # result, and the changed fingerprint holds the batch back.
+                        continue
+                    listing.files.append((entry.path, info.st_size, info.st_mtime_ns))
+                elif (refused := _refuse(entry)) is not None:
+                    listing.refused.append(refused)
     return listing
 
 
-def _state(name: str, root: str, files: list[tuple[str, int, int]]) -> BatchState:
-    """Counts and a fingerprint of one batch from its visible files' (path, size, mtime_ns).
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
+                  (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
 
-    The fingerprint is what the sensor's cursor holds: its formula must not change, or every batch runs again.
+
+def _refuse(entry: os.DirEntry) -> Refused | None:
+    """A link or a special file, from its directory entry and an lstat; None when it vanished meanwhile."""
+    if entry.is_symlink():
+        return _link(entry.path)
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    kind = next((name for test, name in _SPECIAL_KINDS if test(mode)), f"file of type {stat.S_IFMT(mode):o}")
+    return Refused(entry.path, SPECIAL_FILE, f"a {kind}: special files are never opened")
+
+
+def _link(path: str) -> Refused:
+    try:
+        target = os.readlink(path)  # reads the link itself, never its target
+    except OSError as error:
+        target = f"? ({_describe(error)})"
+    return Refused(path, SYMLINK, f"a symbolic link to {target}: links are not followed, so nothing outside the "
+                                  "landing zone is read; copy the file itself into the batch")
+
+
+def _describe(error: OSError) -> str:
+    return f"{type(error).__name__}: {error.strerror or error}"
+
+
+# --- remote: pyarrow (HDFS, WebHDFS), one listing per batch ---------------------------------------------
+
+
+def _list_remote(fs: pafs.FileSystem, root: str) -> tuple[dict[str, BatchListing], list[Refused]]:
+    listings: dict[str, BatchListing] = {}
+    refused: list[Refused] = []
+    for info in fs.get_file_info(pafs.FileSelector(root)):
+        path, kind = info.path, info.type
+        name = posixpath.basename(path)
+        if is_ignored(name):
+            continue
+        if kind == pafs.FileType.Directory:
+            # One listing per batch, so a folder that cannot be listed costs only its batch.
+            listings[name] = _list_remote_batch(fs, path)
+        elif kind != pafs.FileType.File:
+            refused.append(Refused(path, SPECIAL_FILE, "an entry of unknown type: never opened"))
+    return listings, refused
+
+
+def _list_remote_batch(fs: pafs.FileSystem, path: str) -> BatchListing:
+    listing = BatchListing()
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except OSError as error:
+        listing.refused.append(Refused(path, UNLISTABLE, f"the folder cannot be listed: {type(error).__name__}: {error}"))
+        return listing
+    for info in infos:
+        # Each FileInfo property builds a new Python object: read each once.
+        file_path, kind = info.path, info.type
+        if has_hidden_part(file_path[len(path):].lstrip("/")):
+            continue
+        if kind == pafs.FileType.File:
+            listing.files.append((file_path, info.size or 0, info.mtime_ns or 0))
+        elif kind != pafs.FileType.Directory:
+            listing.refused.append(Refused(file_path, SPECIAL_FILE, "an entry of unknown type: never opened"))
+    return listing
+
+
+# --- fingerprint ---------------------------------------------------------------------------------------
+
+
+def batch_state(name: str, root: str, listing: BatchListing) -> BatchState:
+    """Counts and a fingerprint of one batch from its listing.
+
+    The fingerprint is what the sensor's cursor and raw_images' materializations hold: its formula must not
+    change for a batch of plain files, or every batch runs again.
     """
+    files = listing.files
     # One line per file; sorting the lines sorts by path ("\0" ends each path and sorts first), and is
-    # cheaper than sorting the tuples.
-    lines = sorted([f"{path}\0{size}\0{mtime}\n" for path, size, mtime in files])
-    text = "".join(lines)
+    # cheaper than sorting the tuples. Refused entries add a line each (a link appearing changes the batch).
+    lines = [f"{path}\0{size}\0{mtime}\n" for path, size, mtime in files]
+    lines += [f"{entry.path}\0{entry.status}\n" for entry in listing.refused]
+    text = "".join(sorted(lines))
     in_progress: tuple[str, ...] = ()
     if any(f"{suffix}\0" in text for suffix in IN_PROGRESS_SUFFIXES):  # one scan of the text; rarely true
         copying = sorted(path for path, _, _ in files if path.endswith(IN_PROGRESS_SUFFIXES))
         in_progress = tuple(path[len(root):].lstrip("/") for path in copying)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return BatchState(name, len(files), sum(map(operator.itemgetter(1), files)), digest, in_progress)
+    refused = tuple(sorted(listing.refused, key=lambda entry: entry.path))
+    return BatchState(name, len(files), sum(map(operator.itemgetter(1), files)), digest, in_progress, refused)

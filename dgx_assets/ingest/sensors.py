@@ -20,29 +20,52 @@ def _load_cursor(raw: str | None) -> dict:
     return {"requested": cursor.get("requested", {}), "seen": cursor.get("seen", {})}
 
 
+def _ingested_fingerprint(instance: dg.DagsterInstance, batch: str) -> str | None:
+    """The landing fingerprint raw_images[batch] was last materialized from (by this sensor's run, `make demo`
+    or a click in the UI), or None."""
+    from dgx_assets.ingest.assets import LANDING_FINGERPRINT
+
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_images"), asset_partitions=[batch]), limit=1).records
+    if not records or records[0].asset_materialization is None:
+        return None
+    value = records[0].asset_materialization.metadata.get(LANDING_FINGERPRINT)
+    return value.value if value is not None else None
+
+
 # Watches the landing zone (file://, hdfs://, webhdfs://) for batch folders that are new or changed and done copying.
 @dg.sensor(
     job=ingest_batch_job,
     minimum_interval_seconds=30,
     description=(
         "Lists DGX_LANDING_URI each tick; a batch folder that is new or changed, holds no file still being copied and "
-        "looks the same as on the previous tick gets a dynamic partition and one ingest run."
+        "looks the same as on the previous tick gets a dynamic partition and one ingest run, unless raw_images was "
+        "already materialized from the same content. Links, special files and unlistable folders are never followed "
+        "or opened: they get a raw_images row each, and the tick says what it skipped."
     ),
 )
 def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
     # cursor: {"requested": {batch: fingerprint ingested}, "seen": {batch: fingerprint on the last tick}}
-    from dgx_assets.ingest.landing import scan_landing
+    from dgx_assets.ingest.landing import look
 
     cursor = _load_cursor(context.cursor)
-    batches = scan_landing(lake.landing_uri)
-    ready, waiting = [], []
+    zone = look(lake.landing_uri)
+    ready, waiting, already = [], [], []
     seen = {}
-    for name, state in batches.items():
+    for name, state in zone.batches.items():
         if cursor["requested"].get(name) == state.fingerprint:
+            continue
+        if state.complete and _ingested_fingerprint(context.instance, name) == state.fingerprint:
+            cursor["requested"][name] = state.fingerprint  # ingested from this very content already
+            already.append(name)
             continue
         seen[name] = state.fingerprint
         if not state.complete:
-            waiting.append(f"{name}: {len(state.in_progress)} file(s) still being copied" if state.in_progress else f"{name}: empty")
+            if state.in_progress:
+                waiting.append(f"{name}: {len(state.in_progress)} file(s) still being copied")
+            else:
+                refused = f" ({state.refused_summary(zone.root)})" if state.refused else ""
+                waiting.append(f"{name}: no regular file to ingest{refused}")
         elif cursor["seen"].get(name) != state.fingerprint:
             waiting.append(f"{name}: changed since the last look, waiting for it to settle")
         else:
@@ -53,18 +76,27 @@ def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource)
         seen.pop(state.name)
     cursor["seen"] = seen
     new_keys = [s.name for s in ready if not context.instance.has_dynamic_partition(image_batches.name, s.name)]
-    if waiting:
-        context.log.info("Not ready yet: " + "; ".join(waiting))
+    notes = list(waiting)
+    if zone.refused:
+        names = ", ".join(f"{entry.path[len(zone.root):].lstrip('/')} ({entry.status})" for entry in zone.refused)
+        notes.append(f"skipped, not batch folders: {names}")
+    notes += [f"{state.name}: requested; {state.refused_summary(zone.root)}, each recorded as a row" for state in ready
+              if state.refused]
+    if already:
+        notes.append(f"already ingested from the same content: {', '.join(already)}")
+    if notes:
+        context.log.info("; ".join(notes))
     return dg.SensorResult(
         run_requests=[
             dg.RunRequest(
                 run_key=f"{state.name}:{state.fingerprint}",
                 partition_key=state.name,
-                tags={"dgx/landing_fingerprint": state.fingerprint, "dgx/files": str(state.files)},
+                tags={"dgx/landing_fingerprint": state.fingerprint, "dgx/files": str(state.files),
+                      **({"dgx/refused_entries": state.refused_summary(zone.root)} if state.refused else {})},
             )
             for state in ready
         ],
         dynamic_partitions_requests=[image_batches.build_add_request(new_keys)] if new_keys else [],
         cursor=json.dumps(cursor, sort_keys=True),
-        skip_reason=None if ready else ("; ".join(waiting) or "no new or changed batch"),
+        skip_reason=None if ready else ("; ".join(notes) or "no new or changed batch"),
     )

@@ -12,20 +12,25 @@ and with the content it sends every image's bytes to Python and back.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import functools
+import os
 import posixpath
+import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 import pyarrow as pa
 
-from dgx_assets.ingest import images
+from dgx_assets.ingest import images, landing
 from dgx_assets.lake import worker_filesystem
 from dgx_assets.spark.chunks import map_chunks, pack
 from dgx_assets.spark.parquet import image_table_options
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
+
+    from dgx_assets.ingest.landing import LandedBatch
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType
 RAW_IMAGES_SCHEMA = pa.schema([
@@ -49,6 +54,8 @@ class ListedFile(NamedTuple):
     path: str  # as Spark spells it: `file:/x`, `hdfs://nn:8020/x`
     size: int
     modified_us: int | None  # microseconds since the epoch, milliseconds precision like Hadoop's FileStatus
+    status: str | None = None  # set for an entry the listing refused (link, special file, unlistable folder)
+    reason: str | None = None
 
 
 @dataclass
@@ -62,34 +69,38 @@ class IngestSettings:
 # --- driver ---------------------------------------------------------------------------------------------
 
 
-def list_batch(batch_uri: str) -> list[ListedFile]:
-    """Every image file of a landing batch, zero-byte ones included, sorted by path.
+def list_batch(batch_uri: str, landed: LandedBatch | None = None) -> list[ListedFile]:
+    """Every image file of a landing batch, zero-byte ones included, and every entry the listing refused
+    (links, special files, unlistable folders: they get a row, never a read), sorted by path.
 
     Hidden and `_`-prefixed files and folders are skipped (as Spark and the landing sensor skip them), and
-    so is any file without an image extension: `x.png._COPYING_` is still being written.
+    so is any file without an image extension: `x.png._COPYING_` is still being written. `landed` is the
+    batch's listing when the caller has it already (`landing.look_at_batch`).
     """
     from urllib.parse import urlparse
 
-    from dgx_assets.lake import filesystem_for, normalize_uri, visible_file_infos
+    from dgx_assets.ingest.landing import look_at_batch
+    from dgx_assets.lake import normalize_uri
 
-    fs, root = filesystem_for(batch_uri)
+    landed = landed or look_at_batch(batch_uri)
     uri = urlparse(normalize_uri(batch_uri))
     # Spark names local files `file:/path`; keep its spelling, which the table has always had.
     prefix = "file:" if uri.scheme == "file" else f"{uri.scheme}://{uri.netloc}"
-    found = []
-    for info in visible_file_infos(fs, root):
-        if posixpath.splitext(info.path)[1].lstrip(".").lower() in images.IMAGE_EXTENSIONS:
-            modified = info.mtime_ns // 1_000_000 * 1000 if info.mtime_ns is not None else None
-            found.append(ListedFile(prefix + info.path, info.size, modified))
-    return found
+    found = [
+        ListedFile(prefix + path, size, mtime_ns // 1_000_000 * 1000)
+        for path, size, mtime_ns in landed.listing.files
+        if posixpath.splitext(path)[1].lstrip(".").lower() in images.IMAGE_EXTENSIONS
+    ]
+    found += [ListedFile(prefix + entry.path, 0, None, entry.status, entry.reason) for entry in landed.listing.refused]
+    return sorted(found, key=lambda file: file.path)
 
 
-def build_raw_images(spark, batch_uri: str, settings: IngestSettings):
+def build_raw_images(spark, batch_uri: str, settings: IngestSettings, landed: LandedBatch | None = None):
     """The raw_images DataFrame for one landing batch folder, or None when it holds no image files.
 
     Lazy: the files are listed now, read when the DataFrame is written.
     """
-    files = list_batch(batch_uri)
+    files = list_batch(batch_uri, landed)
     if not files:
         return None
     chunks = pack(files, _weight, settings.target_file_bytes, spark.sparkContext.defaultParallelism)
@@ -114,24 +125,30 @@ def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSetti
     ingested_at = dt.datetime.now(dt.timezone.utc)
     for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
         listed = files[start:start + ROWS_PER_ARROW_BATCH]
-        rows = [file_row(fs, file.path, file.size, batch_path, settings) for file in listed]
+        rows = [file_row(fs, file, batch_path, settings) for file in listed]
         columns = {name: [row.get(name) for row in rows] for name in RAW_IMAGES_SCHEMA.names}
         columns["modified_at"] = [file.modified_us for file in listed]
         columns["ingested_at"] = [ingested_at] * len(rows)
         yield pa.RecordBatch.from_pydict(columns, schema=RAW_IMAGES_SCHEMA)
 
 
-def file_row(fs: "pafs.FileSystem", path: str, size: int, batch_path: str, settings: IngestSettings) -> dict:
-    """The raw_images columns one file decides; content kept only for valid images.
+def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: IngestSettings) -> dict:
+    """The raw_images columns one listed entry decides; content kept only for valid images.
 
     Never raises for a bad file: every one gets a status and a reason.
     """
-    row = {"path": path, "label": images.label_from_path(path, batch_path), "size_bytes": size}
+    path, size = file.path, file.size
+    row = {"path": path, "label": images.label_from_path(path, batch_path)}
+    if file.status is not None:  # refused by the listing: a link, a special file, an unlistable folder
+        return row | {"status": file.status, "reason": file.reason}
+    row["size_bytes"] = size
     limit = settings.limits.max_file_bytes
     if size > limit:  # decided from the listing: the content is never read
         return row | {"status": images.TOO_LARGE, "reason": f"{size} bytes is over the {limit}-byte limit; content not read"}
     try:
         data = _read(fs, path)
+    except _NotARegularFile as refused:
+        return row | {"status": refused.status, "reason": f"{refused.reason} (a regular file when it was listed)"}
     except (FileNotFoundError, PermissionError) as error:
         # Gone or forbidden since it was listed: recorded, not fatal. Other I/O errors fail the task, so
         # Spark retries it.
@@ -147,6 +164,28 @@ def file_row(fs: "pafs.FileSystem", path: str, size: int, batch_path: str, setti
     }
 
 
-def _read(fs: "pafs.FileSystem", path: str) -> bytes:
-    with fs.open_input_file(images.path_inside(path)) as handle:
+class _NotARegularFile(Exception):
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    import pyarrow.fs as pafs
+
+    inside = images.path_inside(path)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        with fs.open_input_file(inside) as handle:
+            return handle.read()
+    # A local file may have become a link or a FIFO since it was listed: O_NOFOLLOW refuses the link,
+    # O_NONBLOCK keeps a FIFO from blocking the open, and fstat tells what was really opened.
+    try:
+        descriptor = os.open(inside, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _NotARegularFile(landing.SYMLINK, "a symbolic link: not followed") from None
+        raise
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise _NotARegularFile(landing.SPECIAL_FILE, "a special file: never read")
         return handle.read()

@@ -5,8 +5,11 @@ import os
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import dagster as dg
+import pytest
+from hostile import SECRET, hostile_batch
 from imagefactory import bad_files, valid_images, write_batch
 
+from dgx_assets.ingest import images
 from dgx_assets.ingest.assets import raw_images
 from dgx_assets.ingest.checks import raw_image_checks
 from dgx_assets.lake import Lake
@@ -152,3 +155,20 @@ def test_rematerializing_replaces_the_partition(tmp_path, spark_resource):
         assert len(read_partition(lake_root, "b3")) == first - 1
         hidden = [p.name for p in (lake_root / "raw_images").iterdir() if p.name.startswith(".")]
         assert hidden == []  # no staging or previous versions left behind
+
+
+@pytest.mark.timeout(300)
+def test_a_hostile_batch_is_ingested_with_a_row_per_entry_and_its_fingerprint_recorded(tmp_path, spark_resource):
+    from dgx_assets.ingest.landing import scan_landing
+
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    with hostile_batch(landing, tmp_path / "outside") as expected, dg.instance_for_test() as instance:
+        result = materialize_batch(instance, spark_resource, lake_root, "hostile", selection=ONLY_THE_ASSET)
+        fingerprint = scan_landing(str(landing))["hostile"].fingerprint
+    rows = {row["path"].rsplit("/", 1)[1]: row for row in read_partition(lake_root, "hostile")}
+    assert {name: row["status"] for name, row in rows.items()} == expected
+    assert images.sha256_hex(SECRET) not in {row["sha256"] for row in rows.values()}
+    metadata = result.asset_materializations_for_node("raw_images")[0].metadata
+    assert metadata["quarantined"].value == {"special_file": 2, "symlink": 5}
+    assert metadata["landing_fingerprint"].value == fingerprint  # what the sensor compares

@@ -1,9 +1,13 @@
 """The landing-zone sensor against a real folder and a real Dagster instance."""
 
 import json
+import os
 import time
+from pathlib import Path
 
 import dagster as dg
+import pytest
+from hostile import hostile_batch
 from imagefactory import valid_images
 
 from dgx_assets.ingest.sensors import landing_zone_sensor
@@ -141,12 +145,11 @@ def test_local_walk_and_remote_listing_agree_and_keep_the_cursor_fingerprint(tmp
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_bytes(relative.encode())
     (root / "b3").mkdir()
-    (root / "b1" / "functional" / "dangling.png").symlink_to(root / "nowhere.png")  # skipped, not fatal
 
-    walked = landing_scan._walk_local(str(root))
-    listed = landing_scan._list_remote(pafs.LocalFileSystem(), str(root))
-    states = {name: landing_scan._state(name, str(root), entries) for name, entries in walked.items()}
-    assert states == {name: landing_scan._state(name, str(root), entries) for name, entries in listed.items()}
+    walked, _ = landing_scan._walk_local(str(root))
+    listed, _ = landing_scan._list_remote(pafs.LocalFileSystem(), str(root))
+    states = {name: landing_scan.batch_state(name, str(root), entries) for name, entries in walked.items()}
+    assert states == {name: landing_scan.batch_state(name, str(root), entries) for name, entries in listed.items()}
     assert states == landing_scan.scan_landing(str(root)) and sorted(states) == ["b1", "b2", "b3"]
 
     counted = sorted(["b1/defective/deep/b.png", "b1/functional/a.png", "b1/functional/f.png._COPYING_", "b1/top.png"])
@@ -156,3 +159,105 @@ def test_local_walk_and_remote_listing_agree_and_keep_the_cursor_fingerprint(tmp
         lines += f"{root / relative}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
     assert states["b1"].fingerprint == hashlib.sha256(lines.encode()).hexdigest()[:16]
     assert states["b1"].files == 4 and states["b1"].in_progress == ("b1/functional/f.png._COPYING_",)
+
+
+@pytest.mark.timeout(60)
+def test_a_hostile_batch_costs_only_itself_and_the_tick_says_what_it_skipped(tmp_path):
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "good")
+    with hostile_batch(landing, tmp_path / "outside"), dg.instance_for_test() as instance:
+        (landing / "linked_batch").symlink_to(tmp_path / "outside", target_is_directory=True)  # a batch that is a link
+        os.mkfifo(landing / "pipe")
+        first = tick(instance, lake_root, None)  # before the fix: OSError, too many levels of symbolic links
+        assert first.run_requests == []
+        second = tick(instance, lake_root, first.cursor)
+        requests = {request.partition_key: request for request in second.run_requests}
+        assert sorted(requests) == ["good", "hostile"]  # the links were never followed into a batch of their own
+        assert "dgx/refused_entries" not in requests["good"].tags
+        refused = requests["hostile"].tags["dgx/refused_entries"]
+        assert refused.startswith("7 entries not read: ") and "hostile/functional/loop (symlink)" in refused
+        assert "fifo.png (special_file)" in refused
+        third = tick(instance, lake_root, second.cursor)
+        assert third.run_requests == []
+        assert "skipped, not batch folders: linked_batch (symlink), pipe (special_file)" in third.skip_reason.skip_message
+
+
+def look_as_nobody(landing: Path) -> dict:
+    """`look` at the landing zone from a forked child that dropped root (as root every folder can be listed)."""
+    from dgx_assets.ingest.landing import look
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no exec, so nothing has to be importable by `nobody`
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            zone = look(str(landing))
+            states = {name: [state.files, state.complete, [(r.path, r.status, r.reason) for r in state.refused]]
+                      for name, state in zone.batches.items()}
+            os.write(write_end, json.dumps(states).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    return json.loads(data)
+
+
+def test_a_folder_that_cannot_be_listed_costs_only_its_batch(tmp_path):
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="landing-"))  # tmp_path's parents are closed to other users
+    try:
+        shared.chmod(0o755)
+        landing = shared / "landing"
+        land(landing, "open")
+        land(landing, "partly")
+        (landing / "partly" / "locked").mkdir()
+        land(landing, "closed")
+        for path in [*landing.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        (landing / "partly" / "locked").chmod(0)
+        (landing / "closed").chmod(0)
+        states = look_as_nobody(landing)
+    finally:
+        for path in shared.rglob("*"):
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o755)
+        shutil.rmtree(shared)
+    assert states["open"] == [2, True, []]
+    files, complete, refused = states["partly"]
+    assert (files, complete) == (2, True)
+    assert [(path, status) for path, status, _ in refused] == [(str(landing / "partly" / "locked"), "unlistable")]
+    assert "PermissionError" in refused[0][2]
+    files, complete, refused = states["closed"]
+    assert (files, complete, [status for _, status, _ in refused]) == (0, False, ["unlistable"])
+
+
+def test_batches_already_materialized_from_the_same_content_are_not_requested_again(tmp_path, spark_resource):
+    """`make demo` materializes raw_images itself; a sensor turned on afterwards must not ingest it all again."""
+    from dgx_assets.ingest.assets import raw_images
+
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "b1")
+    land(landing, "b2")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(image_batches.name, ["b1", "b2"])
+        for batch in ("b1", "b2"):
+            assert dg.materialize([raw_images], instance=instance, partition_key=batch, resources={
+                "spark": spark_resource, "lake": LakeResource(root=str(lake_root))}).success
+        first = tick(instance, lake_root, None)
+        assert first.run_requests == []
+        assert "already ingested from the same content: b1, b2" in first.skip_reason.skip_message
+        assert json.loads(first.cursor)["requested"].keys() == {"b1", "b2"}
+        assert tick(instance, lake_root, first.cursor).run_requests == []
+        land(landing, "b2", names=("a.png", "b.png", "c.png"))  # new content: ingested again once it settles
+        second = tick(instance, lake_root, tick(instance, lake_root, first.cursor).cursor)
+        assert [request.partition_key for request in second.run_requests] == ["b2"]

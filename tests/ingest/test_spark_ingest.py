@@ -4,6 +4,8 @@ import datetime as dt
 import os
 
 import pyarrow as pa
+import pytest
+from hostile import GOOD, SECRET, hostile_batch
 from imagefactory import bad_files, valid_images
 
 from dgx_assets.ingest import images, spark_ingest
@@ -67,7 +69,7 @@ class NoReads:
 
 def test_a_file_over_the_byte_limit_is_recorded_from_the_listing_and_never_read(tmp_path):
     settings = spark_ingest.IngestSettings(limits=images.ValidationLimits(max_file_bytes=1000))
-    row = spark_ingest.file_row(NoReads(), f"file:{tmp_path}/b1/ok/huge.png", 1001, (tmp_path / "b1").as_uri(), settings)
+    row = spark_ingest.file_row(NoReads(), ListedFile(f"file:{tmp_path}/b1/ok/huge.png", 1001, 0), (tmp_path / "b1").as_uri(), settings)
     assert row["status"] == "too_large" and "1001 bytes is over the 1000-byte limit" in row["reason"]
     assert row["label"] == "ok" and row["size_bytes"] == 1001 and "content" not in row and "sha256" not in row
 
@@ -92,3 +94,37 @@ def test_a_file_directly_in_the_batch_is_unlabelled(tmp_path):
 def test_a_batch_without_image_files_builds_nothing(tmp_path):
     write(tmp_path / "b1", {"ok/notes.txt": b"t"})
     assert spark_ingest.build_raw_images(None, (tmp_path / "b1").as_uri(), spark_ingest.IngestSettings()) is None
+
+
+@pytest.mark.timeout(60)  # before the fix the FIFO's open blocked forever
+def test_links_and_special_files_get_their_own_rows_and_nothing_outside_the_zone_is_read(tmp_path):
+    landing = tmp_path / "landing"
+    with hostile_batch(landing, tmp_path / "outside") as expected:
+        batch = landing / "hostile"
+        listed = spark_ingest.list_batch(batch.as_uri())
+        rows = ingest(batch, listed)
+    assert {name.split("/")[-1]: row["status"] for name, row in rows.items()} == expected  # one row each, no more
+    assert rows["functional/good.png"]["content"] == GOOD
+    assert images.sha256_hex(SECRET) not in {row["sha256"] for row in rows.values()}
+    for name, status in expected.items():
+        row = rows[f"functional/{name}"]
+        assert row["content"] is None or status == "valid"
+        assert row["label"] == "functional"
+    assert "symbolic link to " + str(tmp_path / "outside" / "secret.png") in rows["functional/out.png"]["reason"]
+    assert "FIFO" in rows["functional/fifo.png"]["reason"] and "socket" in rows["functional/sock.png"]["reason"]
+
+
+@pytest.mark.timeout(60)
+def test_a_file_that_became_a_fifo_or_a_link_after_the_listing_is_never_opened(tmp_path):
+    batch = tmp_path / "b1"
+    write(batch, {"ok/was_file.png": GOOD, "ok/was_also_file.png": GOOD})
+    listed = spark_ingest.list_batch(batch.as_uri())
+    (batch / "ok" / "was_file.png").unlink()
+    os.mkfifo(batch / "ok" / "was_file.png")
+    (batch / "ok" / "was_also_file.png").unlink()
+    (tmp_path / "secret.png").write_bytes(SECRET)
+    (batch / "ok" / "was_also_file.png").symlink_to(tmp_path / "secret.png")
+    rows = ingest(batch, listed)
+    assert rows["ok/was_file.png"]["status"] == "special_file" and rows["ok/was_file.png"]["content"] is None
+    assert rows["ok/was_also_file.png"]["status"] == "symlink" and rows["ok/was_also_file.png"]["sha256"] is None
+    assert "regular file when it was listed" in rows["ok/was_also_file.png"]["reason"]
