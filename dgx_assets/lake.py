@@ -7,12 +7,24 @@ Partitioned tables use hive-style `batch=<key>` folders. A partition is written 
 staging folder (readers skip names starting with `.` or `_`) and then swapped in by rename, so readers
 never see a half-written partition. The swap is two renames (old aside, new in); a run killed between
 them leaves the old version in a hidden `.previous` folder, and the next commit or listing puts it back.
+
+A staging folder's name says who owns it: the process (pid and start time, so a reused pid is no owner)
+on which host. The next commit or listing beside it removes the staging folders whose owner is gone (a
+killed run), and this process' own once it has dropped or committed them (a failed run whose executors
+still wrote files after the driver deleted its staging). Another host's are removed only when older
+than STAGING_ORPHAN_AGE_S: from here nothing tells whether their run still lives.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import posixpath
+import re
+import socket
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +33,12 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 PARTITION_COLUMN = "batch"
+STAGING_ORPHAN_AGE_S = 2 * 24 * 3600  # another host's staging folder older than this is a leftover
+
+# `.staging-<what>-<token>-p<pid>s<process start>h<host hash>`
+_STAGING_NAME = re.compile(r"^\.staging-.*-(?P<token>[0-9a-f]{12})-p(?P<pid>\d+)s(?P<start>\d+)h(?P<host>[0-9a-f]{8})$")
+_LIVE_STAGING: set[str] = set()  # tokens of this process' staging folders, until committed or dropped
+_LIVE_LOCK = threading.Lock()
 
 
 def normalize_uri(location: str) -> str:
@@ -124,11 +142,20 @@ class Lake:
         return self.uri(asset, f"{PARTITION_COLUMN}={partition}")
 
     def staging_uri(self, asset: str, partition: str | None = None) -> str:
-        """A hidden sibling of the folder `commit` will replace (inside it, the swap would move it away too)."""
+        """A hidden sibling of the folder `commit` will replace (inside it, the swap would move it away too),
+        named after its owner: see the module's docstring."""
         token = uuid.uuid4().hex[:12]
+        with _LIVE_LOCK:
+            _LIVE_STAGING.add(token)
+        owner = f"{token}-p{os.getpid()}s{_process_start(os.getpid())}h{_host_tag()}"
         if partition is None:
-            return self.uri(f".staging-{asset}-{token}")
-        return self.uri(asset, f".staging-{PARTITION_COLUMN}={partition}-{token}")
+            return self.uri(f".staging-{asset}-{owner}")
+        return self.uri(asset, f".staging-{PARTITION_COLUMN}={partition}-{owner}")
+
+    def drop_staging(self, staging_uri: str) -> None:
+        """Delete a staging folder this process gave up on; files written into it later are swept next time."""
+        _release(staging_uri)
+        self.delete(staging_uri)
 
     # --- files ----------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
@@ -165,7 +192,7 @@ class Lake:
         base = self.fs_path(self.asset_uri(asset))
         if self.fs.get_file_info(base).type != pafs.FileType.Directory:
             return []
-        self._restore_interrupted(base)
+        self._tidy(base)
         prefix = f"{PARTITION_COLUMN}="
         keys = [
             posixpath.basename(info.path)[len(prefix):]
@@ -179,21 +206,27 @@ class Lake:
         """Make `staging_uri` visible as `final_uri`, replacing what was there."""
         staging, final = self.fs_path(staging_uri), self.fs_path(final_uri)
         parent = posixpath.dirname(final)
-        self._restore_interrupted(parent)
+        self._tidy(parent)
         previous = posixpath.join(parent, f".{posixpath.basename(final)}.previous-{uuid.uuid4().hex[:12]}")
         replaced = self.fs.get_file_info(final).type != pafs.FileType.NotFound
         if replaced:
             self.fs.move(final, previous)
         self.fs.move(staging, final)
+        _release(staging_uri)
         if replaced:
             self.fs.delete_dir(previous)
 
-    def _restore_interrupted(self, parent: str) -> None:
-        """Put back a previous version that a killed commit left aside, and drop stale leftovers."""
+    def _tidy(self, parent: str) -> None:
+        """Put back a previous version that a killed commit left aside, drop stale leftovers, and sweep the
+        staging folders of runs that are over."""
         if self.fs.get_file_info(parent).type != pafs.FileType.Directory:
             return
         for info in self.fs.get_file_info(pafs.FileSelector(parent)):
             name = posixpath.basename(info.path)
+            if name.startswith(".staging-"):
+                if info.type == pafs.FileType.Directory and _staging_is_leftover(name, info.mtime_ns):
+                    self.fs.delete_dir(info.path)
+                continue
             if not (name.startswith(".") and ".previous-" in name):
                 continue
             final = posixpath.join(parent, name[1:].split(".previous-")[0])
@@ -201,3 +234,46 @@ class Lake:
                 self.fs.move(info.path, final)
             else:
                 self.fs.delete_dir(info.path)
+
+
+# --- staging owners -------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _process_start(pid: int) -> int:
+    """The process' start time in clock ticks since boot (Linux), 0 where unknown: with the pid, it names one
+    process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _release(staging_uri: str) -> None:
+    match = _STAGING_NAME.match(posixpath.basename(staging_uri.rstrip("/")))
+    if match:
+        with _LIVE_LOCK:
+            _LIVE_STAGING.discard(match["token"])
+
+
+def _staging_is_leftover(name: str, mtime_ns: int | None) -> bool:
+    match = _STAGING_NAME.match(name)
+    if match is None or match["host"] != _host_tag():
+        # Unknown owner (another host, or a name from before owners were recorded): only age tells.
+        return mtime_ns is not None and time.time() - mtime_ns / 1e9 > STAGING_ORPHAN_AGE_S
+    pid, start = int(match["pid"]), int(match["start"])
+    if pid == os.getpid() and start == _process_start(pid):
+        with _LIVE_LOCK:
+            return match["token"] not in _LIVE_STAGING
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    return start != 0 and _process_start(pid) != start  # the pid now names another process

@@ -60,3 +60,63 @@ def test_data_files_skip_hidden_and_underscore_names_and_can_stay_at_the_top(tmp
     assert [path.rsplit("/", 2)[-2:] for path in every] == [
         ["batch=b1", "part-2.parquet"], ["generated", "part-0.parquet"], ["generated", "part-1.parquet"]]
     assert lake.data_files(lake.asset_uri("missing")) == []
+
+
+def test_staging_left_by_a_killed_run_is_swept_by_the_next_commit_but_never_a_live_one(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    lake = Lake(str(tmp_path / "lake"))
+    code = ("import os, signal, sys; from dgx_assets.lake import Lake; lake = Lake(sys.argv[1]); "
+            "staging = lake.staging_uri('table', sys.argv[2]); lake.write_bytes(staging + '/part-0.parquet', b'half'); "
+            "print(staging, flush=True); sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL)")
+    runs = {key: subprocess.Popen([sys.executable, "-c", code, lake.root, key], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True) for key in ("killed", "live")}
+    try:
+        stagings = {key: run.stdout.readline().strip() for key, run in runs.items()}
+        runs["killed"].stdin.write("\n")
+        runs["killed"].stdin.flush()
+        assert runs["killed"].wait(timeout=30) == -signal.SIGKILL
+        mine = lake.staging_uri("table", "b2")  # this process' own, still being written
+        lake.write_bytes(mine + "/part-0.parquet", b"in progress")
+        staging = lake.staging_uri("table", "b1")
+        lake.write_bytes(staging + "/part-0.parquet", b"new")
+        lake.commit(staging, lake.asset_uri("table", "b1"))
+        assert not lake.exists(stagings["killed"])  # swept
+        assert lake.exists(stagings["live"]) and lake.exists(mine)  # runs still going: kept
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                os.kill(run.pid, signal.SIGKILL)
+            run.wait(timeout=30)
+    assert lake.partitions("table") == ["b1"]  # a listing sweeps too: the second run is dead now
+    assert not lake.exists(stagings["live"]) and lake.exists(mine)
+
+
+def test_files_written_into_a_dropped_staging_folder_are_swept_next_time(tmp_path):
+    """A failed run deletes its staging folder, then its executors' last PNGs re-create it."""
+    lake = Lake(str(tmp_path / "lake"))
+    failed = lake.staging_uri("generated")
+    lake.write_bytes(failed + "/png/a.png", b"png")
+    lake.drop_staging(failed)
+    lake.write_bytes(failed + "/png/late.png", b"written after the driver gave up")
+    staging = lake.staging_uri("generated")
+    lake.write_bytes(staging + "/part-0.parquet", b"v2")
+    lake.commit(staging, lake.asset_uri("generated"))
+    assert sorted(p.name for p in (tmp_path / "lake").iterdir()) == ["generated"]
+
+
+def test_another_hosts_staging_is_swept_only_when_old(tmp_path):
+    import os
+    import time
+
+    lake = Lake(str(tmp_path / "lake"))
+    names = {age: f".staging-batch=b{age}-0123456789ab-p1s1hffffffff" for age in ("old", "young")}
+    for name in names.values():
+        (tmp_path / "lake" / "table" / name).mkdir(parents=True)
+    old = time.time() - 3 * 24 * 3600
+    os.utime(tmp_path / "lake" / "table" / names["old"], (old, old))
+    assert lake.partitions("table") == []
+    assert sorted(p.name for p in (tmp_path / "lake" / "table").iterdir()) == [names["young"]]
