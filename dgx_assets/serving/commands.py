@@ -14,10 +14,10 @@ import sys
 
 def register(subparsers) -> None:
     serve = subparsers.add_parser(
-        "serve", help="run the ERNIE-Image serving process (Paddle Inference behind HTTP)",
+        "serve", help="run the ERNIE-Image serving process (Paddle Inference behind HTTP, uvicorn)",
         description="Serve a Paddle Inference generator on POST /<service>/prediction (Paddle Serving pipeline) "
-                    "and POST /v1/images/generations (OpenAI-compatible), with /status and /metrics. "
-                    "Flags override the config file.")
+                    "and POST /v1/images/generations (OpenAI-compatible), with /status and /metrics, as an ASGI "
+                    "app on uvicorn. Flags override the config file.")
     add_serve_arguments(serve)
     serve.set_defaults(handler=run_serve)
 
@@ -50,20 +50,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ir-optim", dest="ir_optim", action="store_const", const=False, default=None)
     parser.add_argument("--concurrency", type=int, default=None, help="predictors running at once")
     parser.add_argument("--cpu-threads", type=int, default=None)
-    parser.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (default 100 MB)")
-    parser.add_argument("--request-timeout-s", type=float, default=None)
-    parser.add_argument("--fixed-latency-ms", type=float, default=None,
-                        help="benchmark mode: every request holds its predictor at least this long, so a "
-                             "benchmark of the client and Spark side runs against a known model time")
-    parser.add_argument("--fault", choices=["unavailable", "slow", "truncate", "garbage"], default=None,
-                        help="fault injection for resilience tests: answer 503, answer late, truncate the "
-                             "PNG, or send bytes that are not an image")
-    parser.add_argument("--fault-count", type=int, default=None, help="only the first N generation requests")
-    parser.add_argument("--fault-delay-ms", type=float, default=None, help="delay for --fault slow")
+    parser.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (default 16 KiB)")
+    parser.add_argument("--request-timeout-s", type=float, default=None,
+                        help="longest wait for a free predictor before 503 (default 60)")
+    parser.add_argument("--max-connections", type=int, default=None, help="open connections (default 2048)")
+    parser.add_argument("--max-queue", type=int, default=None,
+                        help="generation requests waiting beyond the running ones before 503 (default 32)")
+    parser.add_argument("--header-timeout-s", type=float, default=None,
+                        help="time to send a request head (default 10)")
+    parser.add_argument("--body-timeout-s", type=float, default=None, help="time to send a body (default 10)")
+    parser.add_argument("--keep-alive-s", type=float, default=None, help="idle keep-alive connections (default 30)")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve HTTPS (TLS 1.2 minimum)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--engine", default=None,
+                        help="engine factory 'package.module:callable' (default: the exported Paddle generator)")
+    parser.add_argument("--engine-option", dest="engine_options", action="append", default=None,
+                        metavar="NAME=VALUE", help="option passed to the engine factory (repeatable)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from dgx_assets.serving.config import ConfigError, build_config
+    from dgx_assets.serving.config import ConfigError, build_config, parse_options
     from dgx_assets.serving.server import configure_logging, serve
 
     configure_logging()
@@ -73,9 +79,11 @@ def run_serve(args: argparse.Namespace) -> int:
             args.config, model_dir=args.model_dir, host=args.host, port=args.port, token_env=args.token_env,
             service_name=args.service_name, device=args.device, gpu_ids=gpu_ids, ir_optim=args.ir_optim,
             concurrency=args.concurrency, cpu_threads=args.cpu_threads, max_body_bytes=args.max_body_bytes,
-            request_timeout_s=args.request_timeout_s, fixed_latency_ms=args.fixed_latency_ms, fault=args.fault,
-            fault_count=args.fault_count, fault_delay_ms=args.fault_delay_ms)
-    except (ConfigError, OSError) as error:
+            request_timeout_s=args.request_timeout_s, max_connections=args.max_connections,
+            max_queue=args.max_queue, header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+            keep_alive_s=args.keep_alive_s, tls_cert=args.tls_cert, tls_key=args.tls_key, engine=args.engine,
+            engine_options=parse_options(args.engine_options) if args.engine_options else None)
+    except (ConfigError, OSError, ValueError) as error:
         print(f"serve: {error}", file=sys.stderr)
         return 2
     return serve(config, port_file=args.port_file)

@@ -3,7 +3,7 @@
 The file follows Paddle Serving's pipeline `config.yml` layout, which DGX operators already keep per
 model (`http_port`, `op.<service>.concurrency`, `op.<service>.local_service_conf.{model_config,
 device_type, devices, ir_optim}`), plus a `limits` block and `max_body_size` for what this server
-enforces. Keys of Paddle Serving's own that do not apply here (`rpc_port`, `dag`, ...) are accepted and
+enforces (body size, connection and queue caps, header/body/keep-alive timeouts, TLS files). Keys of Paddle Serving's own that do not apply here (`rpc_port`, `dag`, ...) are accepted and
 ignored so an existing file can be reused; misspelt keys of ours are errors.
 """
 
@@ -13,7 +13,10 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-DEFAULT_MAX_BODY_BYTES = 100 * 1024 * 1024
+# A generation request is a prompt and a few numbers: 256 tokens of Chinese escaped as \\uXXXX is about
+# 4.6 KB. 16 KiB leaves room for long prompts the server truncates, and nothing for a memory attack.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024
+DEFAULT_ENGINE = "dgx_assets.serving.engine:load_engine"
 # Paddle Serving keys that are valid in an operator's file but mean nothing to this server.
 IGNORED_KEYS = {"rpc_port", "worker_num", "build_dag_each_worker", "dag", "grpc_gateway_port", "prometheus_port",
                 "enable_prometheus"}
@@ -53,15 +56,23 @@ class ServingConfig:
     token_env: str | None = None  # name of the environment variable holding the bearer token
     default_size: tuple[int, int] = (1024, 1024)
     limits: Limits = field(default_factory=Limits)
-    # Benchmarking: hold each request's predictor for at least this long, so a benchmark measures the
-    # client/Spark side against a known model time. 0 = off.
-    fixed_latency_ms: float = 0.0
-    # Fault injection for resilience tests (off by default): unavailable | slow | truncate | garbage.
-    fault: str | None = None
-    fault_count: int = 0  # first N generation requests get the fault; 0 = all
-    fault_delay_ms: float = 0.0
+    # What holds under abuse: open connections (each beyond gets 503 and is closed), generation requests
+    # admitted beyond the running ones (503 + Retry-After when full), the time a client gets to send its
+    # request head and its body, and how long an idle keep-alive connection stays open.
+    max_connections: int = 2048
+    max_queue: int = 32
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keep_alive_s: float = 30.0
+    # TLS (1.2 minimum): PEM certificate chain and key. Both or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # The engine: "module:callable" taking this config and returning an object with tokenize() and
+    # generate() (see engine.py); options are passed to it as strings.
+    engine: str = DEFAULT_ENGINE
+    engine_options: tuple[tuple[str, str], ...] = ()
 
-    def validate(self) -> "ServingConfig":
+    def validate(self) -> ServingConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
         if self.device not in ("auto", "cpu", "gpu"):
@@ -72,8 +83,15 @@ class ServingConfig:
             raise ConfigError("concurrency and cpu_threads must be at least 1")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_size must be at least 1 KB, got {self.max_body_bytes}")
-        if self.fault not in (None, "unavailable", "slow", "truncate", "garbage"):
-            raise ConfigError(f"fault must be unavailable, slow, truncate or garbage, got {self.fault!r}")
+        if self.max_connections < 1 or self.max_queue < 0:
+            raise ConfigError("max_connections must be at least 1 and max_queue at least 0")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be more than 0, got {getattr(self, name)}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("TLS needs both a certificate (tls_cert) and its key (tls_key)")
+        if not re.fullmatch(r"[\w.]+:[\w.]+", self.engine):
+            raise ConfigError(f"engine must look like 'package.module:callable', got {self.engine!r}")
         limits = self.limits
         if not 1 <= limits.min_side <= limits.max_side:
             raise ConfigError("limits: need 1 <= min_side <= max_side")
@@ -103,6 +121,19 @@ def parse_bytes(value) -> int:
     return int(float(match.group(1)) * scale)
 
 
+def parse_options(value) -> tuple[tuple[str, str], ...]:
+    """{"a": 1} or ["a=1", ...] -> (("a", "1"), ...): engine options, all strings."""
+    if isinstance(value, dict):
+        return tuple((str(k), str(v)) for k, v in value.items())
+    pairs = []
+    for item in value or ():
+        name, sep, text = str(item).partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"engine option must look like NAME=VALUE, got {str(item)[:40]!r}")
+        pairs.append((name.strip(), text))
+    return tuple(pairs)
+
+
 def load_config_file(path: str | Path) -> dict:
     """The settings a config file sets, as ServingConfig keyword arguments (only those it sets)."""
     import yaml
@@ -116,7 +147,11 @@ def load_config_file(path: str | Path) -> dict:
         raise ConfigError(f"{path}: the top level must be a mapping")
     out: dict = {}
     simple = {"http_port": ("port", int), "host": ("host", str), "token_env": ("token_env", str),
-              "request_timeout_s": ("request_timeout_s", float), "default_size": ("default_size", parse_size)}
+              "request_timeout_s": ("request_timeout_s", float), "default_size": ("default_size", parse_size),
+              "max_connections": ("max_connections", int), "max_queue": ("max_queue", int),
+              "header_timeout_s": ("header_timeout_s", float), "body_timeout_s": ("body_timeout_s", float),
+              "keep_alive_s": ("keep_alive_s", float), "tls_cert": ("tls_cert", str), "tls_key": ("tls_key", str),
+              "engine": ("engine", str), "engine_options": ("engine_options", parse_options)}
     for key, value in raw.items():
         if key in simple:
             name, convert = simple[key]

@@ -2,6 +2,11 @@
 
 Imported only inside the serving process. Paddle itself is imported when `load_engine` runs, so the
 HTTP server can already answer `/status` with "loading" while a large model comes up.
+
+The server takes any engine (`engine: "module:callable"` in its config, `load_engine` by default): an
+object with `tokenize(prompt) -> Tokenized`, `generate(tokenized, seed, width, height, count) -> [PNG
+bytes]`, `tokenizer.max_tokens`, `native_size` and `device` (a DeviceChoice). `generate` runs on one of
+the server's inference threads and may raise EngineUnavailable for "not now" (a 503 the client retries).
 """
 
 from __future__ import annotations
@@ -9,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,10 @@ from PIL import Image
 from dgx_assets.serving.tokenizer import PAD_ID, Tokenized, Tokenizer
 
 META_FILE = "generator_meta.json"
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot serve this request now (device lost, out of memory); the client should retry."""
 
 
 @dataclass
@@ -90,24 +98,22 @@ class GeneratorEngine:
         return self.tokenizer.encode(prompt)
 
     def generate(self, tokenized: Tokenized, seed: int, width: int, height: int, count: int = 1,
-                 timeout_s: float | None = None, hold_s: float = 0.0) -> list[bytes]:
+                 timeout_s: float | None = None) -> list[bytes]:
         """PNG bytes of `count` images; the same prompt and seed give the same image.
 
-        Raises TimeoutError when no predictor frees up within `timeout_s`. `hold_s` keeps the predictor
-        busy at least that long from when it is acquired: the benchmark option that fixes the model time.
-        Counting from acquisition, not arrival, makes a queued request still cost the full model time.
+        Raises TimeoutError when no predictor frees up within `timeout_s` (the server never lets more
+        requests in than there are predictors, so there it does not wait).
         """
         tokens = np.array([tokenized.ids or [PAD_ID]] * count, dtype=np.int64)
         noise = np.stack([np.random.default_rng(seed + i).standard_normal(self.z_dim) for i in range(count)])
-        images = self._run(tokens, noise.astype(np.float32), timeout_s, hold_s)
+        images = self._run(tokens, noise.astype(np.float32), timeout_s)
         return [_to_png(image[0], width, height) for image in images]
 
-    def _run(self, tokens: np.ndarray, noise: np.ndarray, timeout_s: float | None, hold_s: float) -> np.ndarray:
+    def _run(self, tokens: np.ndarray, noise: np.ndarray, timeout_s: float | None) -> np.ndarray:
         with self._slots:
             if not self._slots.wait_for(lambda: self._free, timeout=timeout_s):
                 raise TimeoutError(f"no free predictor within {timeout_s}s")
             predictor = self._free.pop()
-        hold_until = time.monotonic() + hold_s
         try:
             names = predictor.get_input_names()
             for name, array in zip(names, (tokens, noise)):
@@ -115,15 +121,21 @@ class GeneratorEngine:
                 handle.reshape(list(array.shape))
                 handle.copy_from_cpu(array)
             predictor.run()
-            output = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
-            remaining = hold_until - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
-            return output
+            return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
         finally:
             with self._slots:
                 self._free.append(predictor)
                 self._slots.notify()
+
+
+def load_engine(config) -> GeneratorEngine:
+    """The default engine: the exported generator in `config.model_dir` (a ServingConfig)."""
+    engine = GeneratorEngine(config.model_dir, device=config.device, gpu_ids=config.gpu_ids,
+                             ir_optim=config.ir_optim, concurrency=config.concurrency,
+                             cpu_threads=config.cpu_threads, gpu_memory_mb=config.gpu_memory_mb)
+    if config.limits.max_prompt_tokens:
+        engine.tokenizer.max_tokens = min(engine.tokenizer.max_tokens, config.limits.max_prompt_tokens)
+    return engine
 
 
 def _to_png(pixels: np.ndarray, width: int, height: int) -> bytes:

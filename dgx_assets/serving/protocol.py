@@ -25,18 +25,27 @@ BAD_STEPS = 5005
 BAD_FORMAT = 5006
 BODY_TOO_LARGE = 5010
 LENGTH_REQUIRED = 5011
+NOT_FOUND = 5012
+METHOD_NOT_ALLOWED = 5013
+BAD_HTTP = 5014  # not parseable HTTP (answered by the protocol layer, before any route)
 UNAUTHORIZED = 5100
-TIMEOUT = 6000
+TIMEOUT = 6000  # no predictor free within request_timeout_s
+BODY_TIMEOUT = 6001  # the body did not arrive within body_timeout_s
+QUEUE_FULL = 6002  # max_queue requests already wait
+TOO_MANY_CONNECTIONS = 6003
 INFERENCE_FAILED = 9000
 MODEL_LOADING = 9001
 MODEL_FAILED = 9002
-INJECTED_FAULT = 9003
+ENGINE_UNAVAILABLE = 9003  # the engine said it cannot serve now (device lost, out of memory): retry later
 
 
 class ApiError(Exception):
-    def __init__(self, http_status: int, code: int, message: str):
+    def __init__(self, http_status: int, code: int, message: str, headers: dict | None = None):
         super().__init__(message)
         self.http_status, self.code, self.message = http_status, code, message
+        self.headers = dict(headers or {})
+        if http_status == 503:
+            self.headers.setdefault("Retry-After", "1")
 
 
 def bad(code: int, message: str) -> ApiError:

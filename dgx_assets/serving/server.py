@@ -1,312 +1,136 @@
-"""The ERNIE-Image serving process: Paddle Inference behind HTTP, in a process of its own.
+"""The ERNIE-Image serving process: the ASGI app (app.py) on uvicorn, in a process of its own.
 
-Routes:
-  POST /<service>/prediction    Paddle Serving pipeline format (see protocol.py)
-  POST /v1/images/generations   OpenAI-compatible, as SGLang serves the real ERNIE-Image
-  GET  /status                  {"status": "loading" | "ready" | "failed", ...}; 200 only when ready
-  GET  /metrics                 Prometheus text format
+The listener comes up first and answers /status with "loading" while the model loads on a background
+thread, so a launcher can tell "still starting" from "dead". Safe defaults: loopback only, optional bearer
+token (from an environment variable, never a flag, so it stays out of `ps`), optional TLS (1.2 minimum).
 
-The HTTP listener comes up first and answers /status with "loading" while the model loads in the
-background, so a launcher can tell "still starting" from "dead". Safe defaults: loopback only, optional
-bearer token (from an environment variable, never a flag, so it stays out of `ps`), a request body limit,
-size/step/count limits, prompt truncation to the model's token limit.
+Limits that hold under abuse, in the connection layer (uvicorn's h11 protocol, extended below):
+- at most `max_connections` open connections; one more is answered 503 and closed;
+- a request head must arrive within `header_timeout_s` of the connection or of its first byte (slow
+  loris); unparseable HTTP gets a JSON 400; idle keep-alive connections close after `keep_alive_s`;
+- uvicorn's access log is off (it writes query strings); app.py writes its own, and every log line goes
+  through a formatter that escapes control characters.
 """
 
 from __future__ import annotations
 
-import base64
-import hmac
+import contextlib
+import http
 import json
 import logging
 import os
+import resource
 import signal
+import socket
+import ssl
 import sys
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import unicodedata
 from pathlib import Path
 
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from dgx_assets.serving import protocol
-from dgx_assets.serving.config import ServingConfig
+from dgx_assets.serving.app import ModelHolder, ServingApp
+from dgx_assets.serving.config import DEFAULT_ENGINE, ServingConfig
 from dgx_assets.serving.metrics import Metrics
 from dgx_assets.serving.protocol import ApiError
 
 log = logging.getLogger("dgx_assets.serving")
-OPENAI_ROUTE = "/v1/images/generations"
-
-
-class ModelHolder:
-    """Loads the engine in the background and tells /status how far it got."""
-
-    def __init__(self, config: ServingConfig):
-        self.config = config
-        self.state = "loading"
-        self.error = ""
-        self.engine = None
-        self.device = ""
-
-    def load(self) -> None:
-        try:
-            from dgx_assets.serving.engine import GeneratorEngine
-
-            c = self.config
-            engine = GeneratorEngine(c.model_dir, device=c.device, gpu_ids=c.gpu_ids, ir_optim=c.ir_optim,
-                                     concurrency=c.concurrency, cpu_threads=c.cpu_threads,
-                                     gpu_memory_mb=c.gpu_memory_mb)
-            if c.limits.max_prompt_tokens:
-                engine.tokenizer.max_tokens = min(engine.tokenizer.max_tokens, c.limits.max_prompt_tokens)
-            self.engine, self.device = engine, engine.device.kind
-            if engine.device.note:
-                log.warning(engine.device.note)
-            self.state = "ready"
-            log.info("model ready on %s from %s", self.device, c.model_dir)
-        except Exception as error:  # reported on /status; the process stays up so the reason can be read
-            self.state, self.error = "failed", f"{type(error).__name__}: {error}"
-            log.error("model failed to load: %s", self.error)
-
-
-class ErnieServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, config: ServingConfig, token: str | None):
-        self.config = config
-        self.token = token
-        self.model = ModelHolder(config)
-        self.metrics = Metrics()
-        self.started = time.time()
-        self._fault_lock = threading.Lock()
-        self._faults_left = config.fault_count if config.fault_count > 0 else None
-        super().__init__((config.host, config.port), Handler)
-
-    def take_fault(self) -> str | None:
-        """The fault to inject into this generation request, if any (first N requests, or all)."""
-        if not self.config.fault:
-            return None
-        with self._fault_lock:
-            if self._faults_left is None:
-                return self.config.fault
-            if self._faults_left > 0:
-                self._faults_left -= 1
-                return self.config.fault
-        return None
-
-
-class Handler(BaseHTTPRequestHandler):
-    # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed ACK (~40 ms).
-    disable_nagle_algorithm = True
-    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections across requests
-    server: ErnieServer
-    timeout = 60  # seconds a client may stall while sending; stops slow-loris connections hogging threads
-
-    # --- routing ---------------------------------------------------------------------------------------
-    def do_GET(self):
-        path = self.path.split("?", 1)[0]
-        if path == "/status":
-            self._status()
-        elif path == "/metrics":
-            if self._authorized("metrics"):
-                self._send(200, self.server.metrics.render(self.server.model.state).encode(),
-                           "text/plain; version=0.0.4; charset=utf-8")
-        elif path in (OPENAI_ROUTE, self._pipeline_path()):
-            self._fail("other", ApiError(405, protocol.BAD_INPUT, "use POST"), allow="POST")
-        else:
-            self._fail("other", ApiError(404, protocol.BAD_INPUT, f"no route {path[:100]!r}"))
-
-    def do_POST(self):
-        path = self.path.split("?", 1)[0]
-        if path == OPENAI_ROUTE:
-            self._generate("openai")
-        elif path == self._pipeline_path():
-            self._generate("pipeline")
-        else:
-            self._drain_or_close()
-            self._fail("other", ApiError(404, protocol.BAD_INPUT, f"no route {path[:100]!r}; "
-                                         f"use {OPENAI_ROUTE} or {self._pipeline_path()}"))
-
-    def do_PUT(self):
-        self._drain_or_close()
-        self._fail("other", ApiError(405, protocol.BAD_INPUT, "method not allowed"), allow="GET, POST")
-
-    do_DELETE = do_PATCH = do_PUT
-
-    def _pipeline_path(self) -> str:
-        return f"/{self.server.config.service_name}/prediction"
-
-    # --- routes -----------------------------------------------------------------------------------------
-    def _status(self):
-        model = self.server.model
-        body = {
-            "status": model.state,
-            "error": model.error,
-            "service": self.server.config.service_name,
-            "routes": [self._pipeline_path(), OPENAI_ROUTE],
-            "device": model.device,
-            "pid": os.getpid(),
-            "uptime_s": round(time.time() - self.server.started, 1),
-            "in_flight": self.server.metrics.in_flight,
-            "fixed_latency_ms": self.server.config.fixed_latency_ms,
-        }
-        if model.engine is not None:
-            body["max_prompt_tokens"] = model.engine.tokenizer.max_tokens
-            body["native_size"] = model.engine.native_size
-        self._send_json(200 if model.state == "ready" else 503, body)
-
-    def _generate(self, route: str):
-        started = time.monotonic()
-        self.server.metrics.started()
-        status, code = 500, protocol.INFERENCE_FAILED
-        logid = None
-        try:
-            if not self._authorized(route, counted=False):
-                status, code = 401, protocol.UNAUTHORIZED
-                return
-            body = self._read_json()
-            logid = body.get("logid") if route == "pipeline" else None
-            config = self.server.config
-            parse = protocol.parse_openai if route == "openai" else protocol.parse_pipeline
-            request = parse(body, config.limits, config.default_size)
-            reply = self._run_model(route, request, logid)
-            self._send_json(200, reply)
-            status, code = 200, None
-        except ApiError as error:
-            status, code = error.http_status, error.code
-            self._send_error_body(route, error, logid)
-        except Exception as error:  # a bug or an inference crash: a 500 that says so, never a hung socket
-            log.exception("inference failed")
-            status, code = 500, protocol.INFERENCE_FAILED
-            self._send_error_body(route, ApiError(500, code, f"inference failed: {type(error).__name__}"), logid)
-        finally:
-            self.server.metrics.finished(route, status, time.monotonic() - started, code)
-
-    def _run_model(self, route: str, request: protocol.GenerationRequest, logid) -> dict:
-        model = self.server.model
-        if model.state == "loading":
-            raise ApiError(503, protocol.MODEL_LOADING, "model is still loading; retry shortly")
-        if model.state == "failed":
-            raise ApiError(503, protocol.MODEL_FAILED, f"model failed to load: {model.error}")
-        fault = self.server.take_fault()
-        if fault == "unavailable":
-            raise ApiError(503, protocol.INJECTED_FAULT, "injected fault: service unavailable")
-        if fault == "slow":
-            time.sleep(self.server.config.fault_delay_ms / 1000.0)
-
-        engine = model.engine
-        tokenized = engine.tokenize(request.prompt)
-        try:
-            pngs = engine.generate(tokenized, request.seed, request.width, request.height, request.count,
-                                   timeout_s=self.server.config.request_timeout_s,
-                                   hold_s=self.server.config.fixed_latency_ms / 1000.0)
-        except TimeoutError as error:
-            raise ApiError(503, protocol.TIMEOUT, f"server busy: {error}") from None
-        if fault == "truncate":
-            pngs = [png[: len(png) // 2] for png in pngs]
-        elif fault == "garbage":
-            pngs = [os.urandom(len(png)) for png in pngs]
-        self.server.metrics.generated(len(pngs), tokenized.truncated)
-        images = [base64.b64encode(png).decode("ascii") for png in pngs]
-        if route == "openai":
-            return protocol.openai_reply(images, tokenized.used_text, tokenized.truncated, tokenized.total_tokens,
-                                         request.seed, request.cleaned, int(time.time()))
-        return protocol.pipeline_reply(images, tokenized.used_text, tokenized.truncated, tokenized.total_tokens,
-                                       request.seed, request.width, request.height, request.cleaned, logid)
-
-    # --- request reading --------------------------------------------------------------------------------
-    def _authorized(self, route: str, counted: bool = True) -> bool:
-        token = self.server.token
-        if not token:
-            return True
-        header = self.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
-            return True
-        self._drain_or_close()
-        error = ApiError(401, protocol.UNAUTHORIZED, "missing or wrong bearer token")
-        if counted:
-            self.server.metrics.started()
-            self.server.metrics.finished(route, 401, 0.0, protocol.UNAUTHORIZED)
-        self._send_error_body(route, error, None, extra={"WWW-Authenticate": 'Bearer realm="ernie"'})
-        return False
-
-    def _read_json(self) -> dict:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-            raise ApiError(411, protocol.LENGTH_REQUIRED, "chunked bodies are not accepted: send Content-Length")
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            raise ApiError(411, protocol.LENGTH_REQUIRED, "Content-Length is required")
-        try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            raise ApiError(400, protocol.BAD_INPUT, "Content-Length must be a non-negative integer") from None
-        limit = self.server.config.max_body_bytes
-        if length > limit:
-            self.close_connection = True  # the body is not read, so this connection cannot be reused
-            raise ApiError(413, protocol.BODY_TOO_LARGE, f"body of {length} bytes is over the {limit} byte limit")
-        raw = self.rfile.read(length)
-        if len(raw) < length:
-            self.close_connection = True
-            raise ApiError(400, protocol.BAD_INPUT, "body ended before Content-Length bytes")
-        # Invalid UTF-8 is replaced, not refused: one bad byte in a prompt should not cost the image.
-        text = raw.decode("utf-8", errors="replace")
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ApiError(400, protocol.BAD_INPUT, f"body is not valid JSON: {error.msg} at {error.pos}") from None
-        except (ValueError, RecursionError) as error:  # a 5000-digit number, nesting 100000 deep
-            raise ApiError(400, protocol.BAD_INPUT, f"body is not acceptable JSON: {type(error).__name__}") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, protocol.BAD_INPUT, "body must be a JSON object")
-        return body
-
-    def _drain_or_close(self):
-        """Consume a small unread body so the connection stays usable; otherwise close it."""
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if 0 <= length <= 64 * 1024:
-            self.rfile.read(length)
-        else:
-            self.close_connection = True
-
-    # --- replies ------------------------------------------------------------------------------------------
-    def _fail(self, route: str, error: ApiError, allow: str | None = None):
-        self.server.metrics.started()
-        self.server.metrics.finished(route, error.http_status, 0.0, error.http_status)
-        self._send_json(error.http_status, protocol.openai_error(error), extra={"Allow": allow} if allow else None)
-
-    def _send_error_body(self, route: str, error: ApiError, logid, extra=None):
-        body = protocol.pipeline_error(error, logid) if route == "pipeline" else protocol.openai_error(error)
-        headers = dict(extra or {})
-        if error.http_status == 503:
-            headers["Retry-After"] = "1"
-        self._send_json(error.http_status, body, extra=headers)
-
-    def _send_json(self, status: int, body: dict, extra=None):
-        self._send(status, json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8",
-                   extra)
-
-    def _send(self, status: int, payload: bytes, content_type: str, extra=None):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(payload)))
-        for name, value in (extra or {}).items():
-            if value:
-                self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format, *args):  # noqa: A002 - the stdlib's signature
-        log.info("%s %s", self.address_string(), format % args)
-
-
 PARENT_PID_VARIABLE = "DGX_SERVING_PARENT_PID"  # set by dgx_assets.generation.launcher for the servers it starts
+GRACEFUL_SHUTDOWN_S = 30  # in-flight generations may finish; the pods' grace period is 60 s
+
+
+def guarded_protocol(config: ServingConfig, metrics: Metrics) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a connection cap, a request-head timeout and JSON for its own errors."""
+
+    class GuardedH11Protocol(H11Protocol):
+        header_timer = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            metrics.connections.set(len(self.connections))
+            if len(self.connections) > config.max_connections:
+                metrics.closed.labels("max_connections").inc()
+                self._refuse(503, protocol.TOO_MANY_CONNECTIONS, "too many open connections; retry later")
+                return
+            self._arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            # A new request starts with its first byte; its head must be complete within header_timeout_s.
+            if self.header_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm_header_timer()
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._cancel_header_timer()
+
+        def connection_lost(self, exc):
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+            metrics.connections.set(len(self.connections))
+
+        def send_400_response(self, msg: str) -> None:
+            self._refuse(400, protocol.BAD_HTTP, "invalid HTTP request")
+
+        def _arm_header_timer(self) -> None:
+            self.header_timer = self.loop.call_later(config.header_timeout_s, self._header_timed_out)
+
+        def _cancel_header_timer(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+        def _header_timed_out(self) -> None:
+            self.header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                metrics.closed.labels("header_timeout").inc()
+                self._refuse(408, protocol.BODY_TIMEOUT,
+                             f"request head not received within {config.header_timeout_s:g}s")
+
+        def _refuse(self, status: int, code: int, message: str) -> None:
+            """A JSON error written straight to the socket (there may be no request to answer), then close."""
+            self._cancel_header_timer()
+            self._unset_keepalive_if_required()
+            error = ApiError(status, code, message)
+            body = json.dumps(protocol.openai_error(error)).encode()
+            head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "content-type: application/json",
+                    f"content-length: {len(body)}", "connection: close",
+                    *(f"{name.lower()}: {value}" for name, value in error.headers.items())]
+            self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with signal handlers that can be put back after paddle's import replaced them,
+    no re-raised signal after a graceful stop (exit code 0), and a watch on the launcher that started it."""
+
+    def __init__(self, config: uvicorn.Config, launcher_pid: int = 0):
+        super().__init__(config)
+        self.launcher_pid = launcher_pid
+        self.reinstall_signals = threading.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        self.install_signal_handlers()
+        yield
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.handle_exit)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.reinstall_signals.is_set():  # on the main thread, where signal handlers must be set
+            self.reinstall_signals.clear()
+            self.install_signal_handlers()
+        if self.launcher_pid and counter % 5 == 0 and not _alive(self.launcher_pid):
+            # Started for one run or test that has died without stopping us: nobody else will.
+            log.warning("launcher pid %s is gone: stopping", self.launcher_pid)
+            self.should_exit = True
+        return await super().on_tick(counter)
 
 
 def _alive(pid: int) -> bool:
@@ -319,50 +143,119 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve(config: ServingConfig, port_file: str | None = None) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code."""
+def _tls_context(config: uvicorn.Config, default_factory) -> ssl.SSLContext:
+    context = default_factory()
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def _raise_open_file_limit(wanted: int) -> None:
+    """Each connection is a file descriptor: make room for max_connections if the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning("open file limit %s is below max_connections + 256 (%s): connections past it are refused "
+                    "by the kernel, not answered", soft, wanted)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: ServingConfig, port_file: str | None = None, engine_factory=None) -> int:
+    """Run until SIGTERM/SIGINT (or the launcher's death). Returns the process exit code.
+
+    `engine_factory(config)` replaces the configured engine (callers that build the server in-process)."""
     token = None
     if config.token_env:
         token = os.environ.get(config.token_env)
         if not token:
             log.error("token_env=%s is set but that environment variable is empty", config.token_env)
             return 2
-    if config.model_dir is None:
+    if config.model_dir is None and engine_factory is None and config.engine == DEFAULT_ENGINE:
         log.error("no model: pass --model-dir or set op.<service>.local_service_conf.model_config")
         return 2
     if config.host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning("listening on %s without a bearer token: anyone who can reach this port can use the GPU",
                     config.host)
-    server = ErnieServer(config, token)
-    host, port = server.server_address[:2]
-    if port_file:
-        # Written only once the socket is bound, so a launcher that asked for port 0 reads a live port.
-        Path(port_file).write_text(str(port), encoding="utf-8")
-    log.info("listening on http://%s:%s (service %s)", host, port, config.service_name)
-
-    stopping = threading.Event()
-    listener = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http",
-                                daemon=True)
-    listener.start()
-    # The model loads on the main thread while the listener already answers /status with "loading".
-    # Paddle installs its own SIGTERM handler on import, so ours go in after it, from this thread.
-    server.model.load()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopping.set())
-    launcher = int(os.environ.get(PARENT_PID_VARIABLE) or 0)
+    metrics = Metrics()
+    model = ModelHolder(config, engine_factory)
+    app = ServingApp(config, token, model, metrics)
+    uv_config = uvicorn.Config(
+        app, http=guarded_protocol(config, metrics), lifespan="off", access_log=False, log_config=None,
+        proxy_headers=False, server_header=False, timeout_keep_alive=config.keep_alive_s,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048,
+        ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
+        ssl_context_factory=_tls_context if config.tls_cert else None)
     try:
-        while not stopping.wait(0.5) and listener.is_alive():
-            if launcher and not _alive(launcher):
-                # Started for one run or test that has died without stopping us: nobody else will.
-                log.warning("launcher pid %s is gone: stopping", launcher)
-                break
+        uv_config.load()  # reads the certificate and key now, so a bad one stops the start with its reason
+    except (OSError, ssl.SSLError) as error:
+        log.error("cannot load TLS certificate %s / key %s: %s", config.tls_cert, config.tls_key, error)
+        return 2
+    _raise_open_file_limit(config.max_connections + 256)
+    try:
+        sock = _listen(config.host, config.port)
+    except OSError as error:
+        log.error("cannot listen on %s:%s: %s", config.host, config.port, error)
+        return 2
+    host, port = sock.getsockname()[:2]
+    if port_file:
+        # Written only once the socket listens, so a launcher that asked for port 0 reads a live port.
+        Path(port_file).write_text(str(port), encoding="utf-8")
+    scheme = "https" if config.tls_cert else "http"
+    log.info("listening on %s://%s:%s (service %s)", scheme, host, port, config.service_name)
+
+    server = _Server(uv_config, launcher_pid=int(os.environ.get(PARENT_PID_VARIABLE) or 0))
+
+    def load() -> None:
+        model.load()
+        server.reinstall_signals.set()  # paddle's import replaces the SIGTERM handler
+
+    threading.Thread(target=load, name="model-load", daemon=True).start()
+    try:
+        server.run(sockets=[sock])
     finally:
-        server.shutdown()
-        server.server_close()
+        app.pool.shutdown(wait=False, cancel_futures=True)
+        sock.close()
     log.info("stopped")
     return 0
 
 
+# --- logging ---------------------------------------------------------------------------------------------
+
+def escape_controls(text: str) -> str:
+    """Control and format characters (ANSI escapes, newlines, bidi overrides) as visible escapes, so a URL
+    or header cannot forge log lines or repaint a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if unicodedata.category(ch) == "Zs":  # unusual spaces are printable enough
+        return ch
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+class EscapingFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
 def configure_logging() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s [ernie-serving pid=%(process)d] %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s [ernie-serving pid=%(process)d] %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])

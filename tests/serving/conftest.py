@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from serving_probe import LIMITED
 
+from bench.serving_engines import fixed_latency_args
 from dgx_assets import settings
 from dgx_assets.generation import launcher
 
@@ -30,7 +32,18 @@ def configured_server(quick_model, tmp_path_factory):
     config = str(settings.repo_root() / "deploy" / "serving" / "config.yml")
     try:
         with launcher.local_servers(1, quick_model, config_file=config, log_dir=tmp_path_factory.mktemp("cfg-logs"),
-                                    extra_args=["--device", "cpu", "--fixed-latency-ms", "300"]) as servers:
+                                    extra_args=["--device", "cpu", *fixed_latency_args(300)]) as servers:
             yield servers[0]
     finally:
         os.environ.pop("ERNIE_SERVING_TOKEN", None)
+
+
+@pytest.fixture(scope="session")
+def limited_server(quick_model, tmp_path_factory):
+    """Small limits (LIMITED) so each hostile probe hits one quickly; its log is read by the log tests."""
+    args = [*fixed_latency_args(LIMITED["latency_ms"]), "--max-queue", str(LIMITED["max_queue"]),
+            "--max-connections", str(LIMITED["max_connections"]), "--header-timeout-s", str(LIMITED["header_timeout_s"]),
+            "--body-timeout-s", str(LIMITED["body_timeout_s"]), "--keep-alive-s", str(LIMITED["keep_alive_s"])]
+    with launcher.local_servers(1, quick_model, log_dir=tmp_path_factory.mktemp("limited-logs"),
+                                extra_args=args) as servers:
+        yield servers[0]

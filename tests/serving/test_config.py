@@ -14,7 +14,10 @@ def test_deploy_config_file_maps_to_settings():
     config = build_config(str(settings.repo_root() / "deploy" / "serving" / "config.yml"))
     assert config.port == 9998 and config.host == "127.0.0.1"
     assert config.device == "gpu" and config.gpu_ids == (0,) and config.ir_optim is True
-    assert config.max_body_bytes == 100 * 1024 * 1024
+    assert config.max_body_bytes == 16 * 1024
+    assert (config.max_connections, config.max_queue) == (2048, 32)
+    assert (config.header_timeout_s, config.body_timeout_s, config.keep_alive_s) == (10, 10, 30)
+    assert config.tls_cert is None and config.engine == "dgx_assets.serving.engine:load_engine"
     assert config.token_env == "ERNIE_SERVING_TOKEN"
     assert config.request_timeout_s == 60.0
     assert config.limits.max_prompt_tokens == 256
@@ -47,6 +50,11 @@ def test_paddle_serving_keys_are_accepted_and_typos_are_not(tmp_path):
     ("max_body_size: lots\n", "max_body_size"),
     ("op:\n  a: {local_service_conf: {ir_optim: maybe}}\n", "true or false"),
     ("- a\n- b\n", "mapping"),
+    ("tls_cert: /x.crt\n", "both a certificate"),
+    ("header_timeout_s: 0\n", "more than 0"),
+    ("max_connections: 0\n", "max_connections"),
+    ("engine: not a spec\n", "module:callable"),
+    ("engine_options: [novalue]\n", "NAME=VALUE"),
 ])
 def test_bad_config_files_get_clear_errors(tmp_path, text, words):
     path = tmp_path / "config.yml"
