@@ -1,8 +1,8 @@
-"""Serving fleet: the ERNIE client and serving processes, with the model time fixed by the server's option.
+"""Serving fleet: the ERNIE client and serving processes, with the model time fixed by the benchmark's engine.
 
-Every serving process runs `--fixed-latency-ms` (the documented benchmark option: each request holds its
-predictor at least that long), so the figures measure the client and the server, not this CPU. The
-client is the one Spark executors use (`dgx_assets.generation.client.ErnieClient`, pooled keep-alive
+Every serving process runs the real generator wrapped in `bench.serving_engines:fixed_latency` (plugged
+in with `--engine`: each request keeps its inference thread at least that long; the product has no such
+option), so the figures measure the client and the server, not this CPU. The client is the one Spark executors use (`dgx_assets.generation.client.ErnieClient`, pooled keep-alive
 connections, round-robin over endpoints); servers are started with `generation.launcher`. Images are
 64x64 so that encoding them costs next to nothing.
 
@@ -17,6 +17,13 @@ Goals:
 - sockets left in TIME_WAIT on the servers' ports after 1,000 requests (new ones only): <= 5;
 - per-request overhead of a sequential call through client and server against the bare predictor call
   with the same fixed latency: <= 10 %.
+
+Hostile clients, against a third server with the product's default limits (same engine):
+- 1,000 idle connections held: the server's resident memory grows <= 100 MB, and another client's p99
+  latency stays <= 2x its value without them;
+- 50 slow-loris connections (one header byte a second): each closed within the header timeout (10 s,
+  goal <= 10.5 s from connecting), while another client is served throughout;
+- a request announcing a 99 MB body: refused (413) from its header in <= 50 ms, before any body is sent.
 """
 
 from __future__ import annotations
@@ -25,13 +32,18 @@ import base64
 import hashlib
 import json
 import os
+import resource
+import select
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.common import REPO, Report, Timing, check, isolate_state, main, work_dir
+from bench.serving_engines import fixed_latency_args
 
 NAME = "serving"
 PROMPT = "Electroluminescence image of a defective mono solar cell with a diagonal crack"
@@ -40,17 +52,19 @@ CONCURRENCY = 4
 
 BARE_PREDICTOR = r"""
 import base64, hashlib, json, sys, time
+from bench.serving_engines import FixedLatency
 from dgx_assets.serving.engine import GeneratorEngine
 args = json.loads(sys.argv[1])
-engine = GeneratorEngine(args["model_dir"], device="cpu")
+plain = GeneratorEngine(args["model_dir"], device="cpu")
+engine = FixedLatency(plain, args["fixed_latency_ms"] / 1000.0)  # what each server runs per request
 tokens = engine.tokenize(args["prompt"])
-size, latency = args["size"], args["fixed_latency_ms"] / 1000.0
-digests = [hashlib.sha256(engine.generate(tokens, seed, size, size)[0]).hexdigest() for seed in args["seeds"]]
-engine.generate(tokens, 0, size, size, hold_s=latency)
+size = args["size"]
+digests = [hashlib.sha256(plain.generate(tokens, seed, size, size)[0]).hexdigest() for seed in args["seeds"]]
+engine.generate(tokens, 0, size, size)
 times = []
 for index in range(args["calls"]):
     started = time.monotonic()
-    engine.generate(tokens, index, size, size, hold_s=latency)  # what the server does per request
+    engine.generate(tokens, index, size, size)
     times.append(time.monotonic() - started)
 print(json.dumps({"digests": digests, "latencies_s": times}))
 """
@@ -59,8 +73,8 @@ def bare_predictor(model_dir: Path, fixed_latency_ms: float, calls: int, seeds: 
     args = {"model_dir": str(model_dir), "prompt": PROMPT, "size": SIZE, "fixed_latency_ms": fixed_latency_ms,
             "calls": calls, "seeds": seeds}
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", BARE_PREDICTOR, json.dumps(args)], capture_output=True, text=True,
-                         cwd=REPO, env=env, timeout=900)
+    out = subprocess.run([sys.executable, "-c", BARE_PREDICTOR, json.dumps(args)], check=False, capture_output=True,
+                         text=True, cwd=REPO, env=env, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"bare predictor failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -140,7 +154,8 @@ def run(report: Report, args) -> None:
     bare = bare_predictor(model_dir, fixed_ms, sequential_calls, seeds)
 
     logs = work_dir(NAME) / "logs"
-    servers = launcher.start_local_servers(2, model_dir, log_dir=logs, extra_args=["--fixed-latency-ms", str(fixed_ms)])
+    servers = launcher.start_local_servers(3, model_dir, log_dir=logs, extra_args=fixed_latency_args(fixed_ms))
+    servers, hostile_target = servers[:2], servers[2]
     try:
         urls = [server.url for server in servers]
         ports = {server.port for server in servers}
@@ -200,17 +215,137 @@ def run(report: Report, args) -> None:
         report.figure("overhead_ms", round((served_median - bare_median) * 1000, 2))
         print(f"sequential request {served_median * 1000:.1f} ms vs bare predictor {bare_median * 1000:.1f} ms: "
               f"+{(served_median - bare_median) * 1000:.1f} ms ({overhead:.1%})")
+
+        hostile = hostile_probes(report, hostile_target, args.quick)
     finally:
-        launcher.stop_servers(servers)
+        launcher.stop_servers([*servers, hostile_target])
 
     report.result("serving_two_over_one_instance", one.median / two.median, ">=", 1.9)
     report.result("serving_new_connections_pct", 100.0 * opened / time_wait_requests, "<=", 1.0)
     report.result("serving_time_wait_after_requests", len(left), "<=", 5)
     report.result("serving_request_overhead", overhead, "<=", 0.10)
+    report.result("serving_idle_connections_rss_growth_mb", hostile["rss_growth_mb"], "<=", 100)
+    report.result("serving_idle_connections_p99_ratio", hostile["p99_ratio"], "<=", 2.0)
+    report.result("serving_slow_loris_closed_max_s", hostile["loris_closed_max_s"], "<=",
+                  hostile["header_timeout_s"] + 0.5)
+    report.result("serving_over_limit_body_refused_max_ms", hostile["refused_max_ms"], "<=", 50)
+
+
+# --- hostile clients --------------------------------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def hostile_probes(report: Report, server, quick: bool) -> dict:
+    """Idle connections, slow loris and an over-limit body against one server with the default limits."""
+    from dgx_assets.serving.config import ServingConfig
+
+    defaults = ServingConfig()
+    idle_count = 200 if quick else 1_000
+    loris_count = 10 if quick else 50
+    calls = 20 if quick else 40
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < idle_count + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, idle_count + 256), hard))
+    client = make_client([server.url], concurrency=1)
+
+    # Idle connections: another client's latency and the server's memory, without and with them held.
+    idle_latencies = sequential_latencies(client, calls)
+    rss_before = rss_mb(server.pid)
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(idle_count)]
+    try:
+        held_latencies = sequential_latencies(client, calls)
+        rss_held = rss_mb(server.pid)
+        open_now = sum(1 for sock in held if not select.select([sock], [], [], 0)[0])  # not closed by the server
+    finally:
+        for sock in held:
+            sock.close()
+    growth, ratio = rss_held - rss_before, p99(held_latencies) / p99(idle_latencies)
+    report.figure("idle_connections", {"held": idle_count, "still_open_at_end": open_now,
+                                       "rss_before_mb": round(rss_before, 1), "rss_held_mb": round(rss_held, 1),
+                                       "p99_idle_ms": round(p99(idle_latencies) * 1000, 1),
+                                       "p99_held_ms": round(p99(held_latencies) * 1000, 1)})
+    check(open_now == idle_count, f"only {open_now} of {idle_count} idle connections lasted the measurement")
+    print(f"{idle_count} idle connections: RSS {rss_before:.0f} -> {rss_held:.0f} MB, other client's p99 "
+          f"{p99(idle_latencies) * 1000:.1f} -> {p99(held_latencies) * 1000:.1f} ms")
+
+    # Slow loris: a header byte a second on each connection; another client is served meanwhile.
+    lorises = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(loris_count)]
+    opened = time.monotonic()
+    closed_after: dict[int, float] = {}
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(sequential_latencies, make_client([server.url], concurrency=1), calls)
+        header = b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100
+        for step in range(int(defaults.header_timeout_s) + 5):
+            for index, sock in enumerate(lorises):
+                if index in closed_after:
+                    continue
+                try:
+                    sock.send(header[step: step + 1])
+                except OSError:
+                    closed_after[index] = time.monotonic() - opened
+            deadline = opened + step + 1
+            while (left := deadline - time.monotonic()) > 0 and len(closed_after) < loris_count:
+                readable, _, _ = select.select([s for i, s in enumerate(lorises) if i not in closed_after], [], [],
+                                               left)
+                for sock in readable:
+                    index = lorises.index(sock)
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        data = b""
+                    if not data or data.startswith(b"HTTP/1.1 408"):
+                        closed_after.setdefault(index, time.monotonic() - opened)
+            if len(closed_after) == loris_count:
+                break
+        loris_served = served.result()
+    for sock in lorises:
+        sock.close()
+    check(len(closed_after) == loris_count,
+          f"{loris_count - len(closed_after)} slow-loris connections still open after {step + 1} s")
+    loris_max = max(closed_after.values())
+    report.figure("slow_loris", {"connections": loris_count, "header_timeout_s": defaults.header_timeout_s,
+                                 "closed_after_max_s": round(loris_max, 2),
+                                 "closed_after_min_s": round(min(closed_after.values()), 2),
+                                 "other_client_p99_ms": round(p99(loris_served) * 1000, 1)})
+    print(f"{loris_count} slow-loris connections closed after {min(closed_after.values()):.2f}-{loris_max:.2f} s "
+          f"(header timeout {defaults.header_timeout_s:g} s); another client's p99 meanwhile "
+          f"{p99(loris_served) * 1000:.1f} ms")
+
+    # Over-limit body: the 413 must come from the header alone, before any of the body is sent.
+    refusals = []
+    rss_before = rss_mb(server.pid)
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            started = time.perf_counter()
+            sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 99000000\r\n\r\n")
+            reply = sock.recv(4096)
+            refusals.append(time.perf_counter() - started)
+            check(reply.startswith(b"HTTP/1.1 413"), f"over-limit body answered {reply[:40]!r}")
+    refused_max = max(refusals) * 1000
+    report.figure("over_limit_body", {"requests": len(refusals), "refused_max_ms": round(refused_max, 2),
+                                      "refused_median_ms": round(statistics.median(refusals) * 1000, 2),
+                                      "rss_growth_mb": round(rss_mb(server.pid) - rss_before, 1)})
+    print(f"99 MB bodies refused from the header in {statistics.median(refusals) * 1000:.2f} ms median, "
+          f"{refused_max:.2f} ms max")
+    return {"rss_growth_mb": round(growth, 1), "p99_ratio": ratio, "loris_closed_max_s": round(loris_max, 2),
+            "header_timeout_s": defaults.header_timeout_s, "refused_max_ms": refused_max}
 
 
 def add_arguments(cli) -> None:
-    cli.add_argument("--fixed-latency-ms", type=float, default=None, help="server model time (default 100; quick 50)")
+    cli.add_argument("--fixed-latency-ms", type=float, default=None,
+                     help="model time of the benchmark's engine (default 100; quick 50)")
 
 
 if __name__ == "__main__":
