@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# The ERNIE serving image (dgx-assets/serving:<version>): `dgx-assets serve`, the one process that imports
-# paddle (never beside TensorFlow or Spark workers). Runs from deploy/k8s/ernie-serving.yaml with the
+# The ERNIE serving image (dgx-assets/serving:<version>): `dgx-assets serve` (the ASGI app on uvicorn), the
+# one process that imports paddle (never beside TensorFlow or Spark workers). TLS files, when used, come
+# from the ernie-serving-tls secret, not the image. Runs from deploy/k8s/ernie-serving.yaml with the
 # config from deploy/serving/ and the model folder from the ernie-models volume. Build from the root:
 #   docker build -f deploy/docker/serving.Dockerfile -t dgx-assets/serving:0.1.0 .
 # Paddle's GPU wheels may live on Paddle's own package index: pass it with
