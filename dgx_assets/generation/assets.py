@@ -88,7 +88,9 @@ def ernie_generated_images(
             with spark_progress(session, context.log.info):
                 frame.write.mode("overwrite").options(**image_table_options("content")).parquet(staging)
         except BaseException:
-            store.delete(staging)  # nothing half-written stays behind; the previous version is untouched
+            # Nothing half-written stays behind; the previous version is untouched. PNGs that executors still
+            # write after this are swept by the next commit (the staging folder is no longer this run's).
+            store.drop_staging(staging)
             raise
 
     store.commit(staging, final)
@@ -99,6 +101,7 @@ def ernie_generated_images(
         "dagster/row_count": summary["prompts"],
         "status_counts": dg.MetadataValue.json(summary["status_counts"]),
         "valid_share": round(summary["valid_share"], 4),
+        "invalid_prompts": summary["invalid_prompts"],
         "truncated_prompts": summary["truncated"],
         "reused_from_previous": reused,
         "rows_per_endpoint": dg.MetadataValue.json(summary["endpoints"]),
@@ -111,6 +114,12 @@ def ernie_generated_images(
                                        .to_markdown(index=False)),
     }
     context.log.info(f"ernie_generated_images: {summary['status_counts']} ({reused} reused)")
+    if summary["sent"] == 0:
+        raise dg.Failure(
+            description=(f"Every one of the {summary['prompts']} prompts in {prompts_uri} is invalid (first problems: "
+                         f"{' | '.join(generate.first_errors(written))}): fix the prompts table and re-materialize."),
+            metadata=metadata,
+        )
     if summary["valid"] == 0:
         errors = generate.first_errors(written)
         raise dg.Failure(

@@ -8,25 +8,37 @@
 - Several endpoints, one per GPU: round-robin, skipping endpoints whose /status is not "ready" and
   endpoints whose circuit breaker is open; a breaker opens after repeated failures and lets one probe
   through after a cool-down.
-- Bounded retries with exponential backoff and jitter for connection errors, timeouts, 5xx and 503,
-  and pipeline errors in the 6000 (timeout) and 9000 (inference) ranges. 4xx / 5000-range answers are
-  the request's fault and are not retried.
+- Bounded retries with exponential backoff and jitter (urllib3's `Retry` keeps the count, the history and
+  the backoff) for connection errors, timeouts, 5xx and 503, pipeline errors in the 6000 (timeout) and
+  9000 (inference) ranges, and `bad_reply`: an answer that does not parse into what the protocol promises
+  (wrong JSON types, missing fields). Each retry picks the next endpoint, which is why the loop is ours
+  and not urllib3's (its retries stay on one host). 4xx / 5000-range answers are the request's fault and
+  are not retried.
+- A total deadline per request and per /status probe: urllib3's read timeout applies to each socket
+  read, so a server dripping one byte at a time would hold a request for as long as it drips. Every
+  read of a response gets only what is left of the deadline (`_DeadlineResponse`).
+- TLS: certificates verified against `ca_bundle` (or the system store) unless `verify_tls` is off; TLS 1.2
+  at least.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import os
-import random
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import urllib3
+from urllib3.util.retry import Retry
 
 PROTOCOLS = ("openai", "pipeline")
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+BAD_REPLY = "bad_reply"
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,11 @@ class ClientSettings:
     model: str = "ernie-image"  # OpenAI `model` field (SGLang answers for the model it serves)
     token: str | None = field(default=None, repr=False)
     connect_timeout_s: float = 3.0
-    read_timeout_s: float = 120.0
+    read_timeout_s: float = 120.0  # the longest silence between two reads of a reply
+    request_deadline_s: float = 300.0  # the longest one image request may take, whatever the server does
+    status_deadline_s: float = 5.0  # the longest one /status probe may take
+    ca_bundle: str | None = None  # PEM file of the CAs that sign the endpoints' certificates; None: the system's
+    verify_tls: bool = True  # off only for a test endpoint with a certificate nothing can verify
     max_retries: int = 3  # tries after the first, per image
     backoff_s: float = 0.25
     backoff_max_s: float = 5.0
@@ -52,12 +68,14 @@ class ClientSettings:
             raise ValueError("no ERNIE-Image endpoints given")
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if min(self.request_deadline_s, self.status_deadline_s) <= 0:
+            raise ValueError("request_deadline_s and status_deadline_s must be positive")
         object.__setattr__(self, "endpoints", tuple(url.rstrip("/") for url in self.endpoints))
 
 
 @dataclass
 class ImageReply:
-    """One image request's outcome. `error_kind`: unavailable | rejected | None."""
+    """One image request's outcome. `error_kind`: unavailable | rejected | bad_reply | None."""
 
     payload_b64: str | None = None
     truncated: bool = False
@@ -75,6 +93,13 @@ class ImageReply:
 
 class _Retryable(Exception):
     pass
+
+
+class _BadReply(_Retryable):
+    """The endpoint answered 200, but not with what the protocol promises."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"{BAD_REPLY}: {problem}")
 
 
 class _Rejected(Exception):
@@ -125,24 +150,30 @@ class ErnieClient:
         self.endpoints = [Endpoint(url) for url in settings.endpoints]
         self._next = 0
         self._pick_lock = threading.Lock()
-        self._random = random.Random()
         headers = {"Content-Type": "application/json", "User-Agent": "dgx-assets-ernie-client"}
         if settings.token:
             headers["Authorization"] = f"Bearer {settings.token}"
         self._headers = headers
         self._pool = urllib3.PoolManager(
             num_pools=len(self.endpoints) + 2, maxsize=max(2, settings.concurrency), retries=False,
-            timeout=urllib3.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s))
+            timeout=urllib3.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s),
+            cert_reqs="CERT_REQUIRED" if settings.verify_tls else "CERT_NONE", ca_certs=settings.ca_bundle,
+            ssl_minimum_version=ssl.TLSVersion.TLSv1_2)
+        self._pool.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+        # The retry budget and backoff of one image; `increment` returns a new Retry per failed try.
+        self._retry = Retry(total=settings.max_retries, backoff_factor=settings.backoff_s,
+                            backoff_max=settings.backoff_max_s, backoff_jitter=settings.backoff_s, allowed_methods=None)
 
     # --- public -----------------------------------------------------------------------------------------
     def generate(self, prompt: str, width: int, height: int, seed: int) -> ImageReply:
         """One image, with retries across endpoints. Never raises for service trouble: the reply says."""
         s = self.settings
-        tries, problems = 0, []
-        for attempt in range(s.max_retries + 1):
+        retry, tries, kind = self._retry, 0, "unavailable"
+        while True:
             endpoint = self._pick()
             if endpoint is None:
-                problems.append("no endpoint available (" + self.describe_endpoints() + ")")
+                problem: Exception = _Retryable("no endpoint available (" + self.describe_endpoints() + ")")
+                url, kind = None, "unavailable"
             else:
                 tries += 1
                 started = time.monotonic()
@@ -153,15 +184,19 @@ class ErnieClient:
                     return ImageReply(endpoint=endpoint.url, tries=tries, error=str(error), error_kind="rejected")
                 except _Retryable as error:
                     endpoint.failure(str(error), s.breaker_threshold)
-                    problems.append(f"{endpoint.url}: {error}")
+                    problem, url, kind = error, endpoint.url, BAD_REPLY if isinstance(error, _BadReply) else "unavailable"
                 else:
                     endpoint.success()
                     return ImageReply(payload, truncated, used, endpoint.url, time.monotonic() - started, tries)
-            if attempt < s.max_retries:
-                time.sleep(self._backoff(attempt))
-        summary = "; ".join(problems[-3:])
-        return ImageReply(tries=tries, error=f"gave up after {s.max_retries + 1} tries: {summary}",
-                          error_kind="unavailable")
+            try:
+                retry = retry.increment(method="POST", url=url, error=problem)
+            except urllib3.exceptions.MaxRetryError:
+                break
+            time.sleep(retry.get_backoff_time())
+        history = [f"{item.url}: {item.error}" if item.url else str(item.error) for item in retry.history]
+        history.append(f"{url}: {problem}" if url else str(problem))
+        return ImageReply(tries=tries, error=f"gave up after {s.max_retries + 1} tries: {'; '.join(history[-3:])}",
+                          error_kind=kind)
 
     def generate_many(self, requests: list[tuple[str, int, int, int]]) -> list[ImageReply]:
         """Several images with up to `concurrency` requests in flight, replies in request order."""
@@ -217,22 +252,34 @@ class ErnieClient:
 
     def _refresh_status(self, endpoint: Endpoint) -> None:
         try:
-            response = self._pool.request("GET", f"{endpoint.url}/status", headers=self._headers,
-                                          timeout=urllib3.Timeout(connect=self.settings.connect_timeout_s,
-                                                                  read=self.settings.connect_timeout_s))
-            status = json.loads(response.data).get("status") if response.data else None
+            response = self._request("GET", f"{endpoint.url}/status", self.settings.status_deadline_s)
+            try:
+                answer = json.loads(response.data) if response.data else None
+            except ValueError:
+                answer = None
+            status = answer.get("status") if isinstance(answer, dict) else None
             # A server without /status (e.g. some real deployments) is taken as ready if it answers.
             ready = status == "ready" or (response.status == 404)
             note = f"status {status or response.status}"
-        except (urllib3.exceptions.HTTPError, ValueError, AttributeError) as error:
-            ready, note = False, f"unreachable ({type(error).__name__})"
+        except urllib3.exceptions.HTTPError as error:
+            ready, note = False, f"unreachable ({_short(error)})"
             endpoint.failure(f"/status {note}", self.settings.breaker_threshold)
         with endpoint.lock:
             endpoint.ready, endpoint.status_note, endpoint.status_at = ready, note, time.monotonic()
 
-    def _backoff(self, attempt: int) -> float:
-        base = min(self.settings.backoff_max_s, self.settings.backoff_s * 2**attempt)
-        return base * self._random.uniform(0.5, 1.5)  # jitter: many tasks must not retry in lockstep
+    def _request(self, method: str, url: str, deadline_s: float, **options) -> urllib3.BaseHTTPResponse:
+        """One HTTP exchange that ends within `deadline_s`, however slowly the server answers."""
+        s = self.settings
+        _DEADLINE.at = time.monotonic() + deadline_s
+        try:
+            return self._pool.request(method, url, headers=self._headers, timeout=urllib3.Timeout(
+                connect=min(s.connect_timeout_s, deadline_s), read=min(s.read_timeout_s, deadline_s)), **options)
+        except urllib3.exceptions.HTTPError as error:
+            if time.monotonic() >= _DEADLINE.at:
+                raise urllib3.exceptions.TimeoutError(f"no complete reply within the {deadline_s:g}s deadline") from error
+            raise
+        finally:
+            _DEADLINE.at = None
 
     # --- wire formats ----------------------------------------------------------------------------------
     def _call(self, url: str, prompt: str, width: int, height: int, seed: int) -> tuple[str, bool, str]:
@@ -242,45 +289,128 @@ class ErnieClient:
                     "response_format": "b64_json"}
             if s.num_inference_steps:
                 body["num_inference_steps"] = s.num_inference_steps
-            reply = self._post(f"{url}/v1/images/generations", body)
-            try:
-                item = reply["data"][0]
-                return item["b64_json"], bool(reply.get("truncated", False)), item.get("revised_prompt") or prompt
-            except (KeyError, IndexError, TypeError):
-                raise _Retryable("reply has no data[0].b64_json") from None
+            return _openai_image(self._post(f"{url}/v1/images/generations", body), prompt)
         keys = ["prompt", "width", "height", "seed"]
         values = [prompt, str(width), str(height), str(seed)]
         if s.num_inference_steps:
             keys.append("steps")
             values.append(str(s.num_inference_steps))
-        reply = self._post(f"{url}/{s.service}/prediction", {"key": keys, "value": values})
-        err_no = reply.get("err_no", 0)
-        if err_no:
-            message = f"err_no {err_no}: {reply.get('err_msg', '')}"[:300]
-            raise (_Rejected if 5000 <= err_no < 6000 else _Retryable)(message)
-        fields = dict(zip(reply.get("key") or [], reply.get("value") or []))
-        if "image" not in fields:
-            raise _Retryable("pipeline reply has no 'image' key")
-        return fields["image"], fields.get("truncated") == "true", fields.get("used_prompt", prompt)
+        return _pipeline_image(self._post(f"{url}/{s.service}/prediction", {"key": keys, "value": values}), prompt)
 
     def _post(self, url: str, body: dict) -> dict:
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         try:
-            response = self._pool.request("POST", url, body=data, headers=self._headers)
-        except urllib3.exceptions.HTTPError as error:  # refused, reset, timed out, protocol error
+            response = self._request("POST", url, self.settings.request_deadline_s, body=data)
+        except urllib3.exceptions.HTTPError as error:  # refused, reset, timed out, past the deadline, protocol error
             raise _Retryable(f"{type(error).__name__}: {_short(error)}") from None
         try:
             reply = json.loads(response.data) if response.data else {}
-        except ValueError:
-            reply = {}
+        except ValueError:  # not JSON, or not UTF-8
+            reply = None
         if response.status != 200:
             message = f"HTTP {response.status}: {_error_message(reply) or response.data[:200]!r}"
             if response.status in RETRYABLE_STATUS or response.status >= 500:
                 raise _Retryable(message)
             raise _Rejected(message)
         if not isinstance(reply, dict):
-            raise _Retryable("reply is not a JSON object")
+            raise _BadReply(f"the reply is not a JSON object: {response.data[:80]!r}")
         return reply
+
+
+# --- replies: what each protocol promises, checked field by field ----------------------------------------
+
+
+def _openai_image(reply: dict, prompt: str) -> tuple[str, bool, str]:
+    """(base64 image, truncated, prompt used) from `{"data": [{"b64_json": str, "revised_prompt": str?}], "truncated": bool?}`."""
+    data = reply.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        raise _BadReply(f"`data` is {_shown(data)}, not a list of image objects")
+    item = data[0]
+    payload = _typed(item, "b64_json", str, "data[0].")
+    revised = _typed(item, "revised_prompt", str, "data[0].", optional=True)
+    truncated = _typed(reply, "truncated", bool, optional=True)
+    return payload, bool(truncated), revised or prompt
+
+
+def _pipeline_image(reply: dict, prompt: str) -> tuple[str, bool, str]:
+    """(base64 image, truncated, prompt used) from Paddle Serving's `{"err_no": int, "err_msg": str, "key": [str],
+    "value": [str]}`, or the error it reports."""
+    err_no = _typed(reply, "err_no", int, optional=True) or 0
+    err_msg = _typed(reply, "err_msg", str, optional=True) or ""
+    if err_no:
+        message = f"err_no {err_no}: {err_msg}"[:300]
+        raise (_Rejected if 5000 <= err_no < 6000 else _Retryable)(message)
+    keys, values = reply.get("key"), reply.get("value")
+    if not (isinstance(keys, list) and isinstance(values, list) and len(keys) == len(values)
+            and all(isinstance(item, str) for item in keys + values)):
+        raise _BadReply(f"`key` {_shown(keys)} and `value` {_shown(values)} are not two lists of strings of one length")
+    fields = dict(zip(keys, values))
+    if "image" not in fields:
+        raise _BadReply("the pipeline reply has no 'image' key")
+    return fields["image"], fields.get("truncated") == "true", fields.get("used_prompt", prompt)
+
+
+def _typed(mapping: dict, name: str, kind: type, where: str = "", optional: bool = False):
+    value = mapping.get(name)
+    if value is None and optional:
+        return None
+    # bool is an int to Python, not to JSON: `"err_no": true` is no error code.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _BadReply(f"{where}{name} is {_shown(value)}, not {'a string' if kind is str else kind.__name__}")
+    return value
+
+
+def _shown(value) -> str:
+    return "missing" if value is None else f"{type(value).__name__} {json.dumps(value)[:40]}"
+
+
+# --- a total deadline under urllib3 --------------------------------------------------------------------------
+
+_DEADLINE = threading.local()  # `at`: the monotonic time the current thread's request must end by
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket under one HTTP response: each read waits at most for what is left of the deadline."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline, self._read_timeout = sock, deadline, sock.gettimeout()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline has passed")
+        self._sock.settimeout(left if self._read_timeout is None else min(left, self._read_timeout))
+        return self._sock.recv_into(buffer)
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's response, reading its status line, headers and body through a `_DeadlineReader`."""
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        deadline = getattr(_DEADLINE, "at", None)
+        if deadline is not None:
+            self.fp.close()  # the plain socket file http.client made; the socket itself stays open
+            self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+
+
+class _HTTPConnection(urllib3.connection.HTTPConnection):
+    response_class = _DeadlineResponse
+
+
+class _HTTPSConnection(urllib3.connection.HTTPSConnection):
+    response_class = _DeadlineResponse
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
 
 
 def _error_message(reply) -> str:

@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from dgx_assets.generation.client import ClientSettings, get_client
+from dgx_assets.generation.client import BAD_REPLY, ClientSettings, get_client
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,9 +30,10 @@ CORRUPTED = "corrupted"
 DECODE_ERROR = "decode_error"
 FAILED = "failed"  # the service could not be reached or kept failing
 REJECTED = "rejected"  # the service refused the request (4xx / err_no 5xxx): retrying will not help
+# BAD_REPLY (client): the service answered, but not in the protocol's shape (wrong JSON types, missing fields)
 INVALID_PROMPT = "invalid_prompt"  # the prompts table row itself is unusable; never sent
-STATUSES = (VALID, CORRUPTED, DECODE_ERROR, FAILED, REJECTED, INVALID_PROMPT)
-REGENERATE = {CORRUPTED, DECODE_ERROR, FAILED}
+STATUSES = (VALID, CORRUPTED, DECODE_ERROR, FAILED, BAD_REPLY, REJECTED, INVALID_PROMPT)
+REGENERATE = {CORRUPTED, DECODE_ERROR, FAILED, BAD_REPLY}
 
 GENERATED_SCHEMA = (
     "id string, prompt string, label string, width int, height int, seed long, used_prompt string, "
@@ -112,10 +113,14 @@ def _integer(text, name: str, default: int | None) -> tuple[int | None, str | No
     return int(match.group(1)), None
 
 
+# A prompt without an id is named after its request key, so it keeps its id from run to run.
+DEFAULT_ID_PREFIX, DEFAULT_ID_KEY_CHARS = "row-", 12
+
+
 def start_row(record: dict, job: GenerationJob, now: dt.datetime) -> dict:
     """An output row for one prompt, with its request parsed (or the reason it cannot be sent)."""
     key = record["request_key"]
-    prompt_id = record.get("id") or f"row-{key[:12]}"
+    prompt_id = record.get("id") or f"{DEFAULT_ID_PREFIX}{key[:DEFAULT_ID_KEY_CHARS]}"
     width, width_problem = _integer(record.get("width"), "width", job.default_width)
     height, height_problem = _integer(record.get("height"), "height", job.default_height)
     seed, seed_problem = _integer(record.get("seed"), "seed", zlib.crc32(prompt_id.encode("utf-8", "replace")))
@@ -155,8 +160,8 @@ def generate_rows(client, rows: list[dict], max_attempts: int) -> None:
                 row.update(status=status, content=content, error=reason, latency_s=reply.latency_s,
                            truncated=reply.truncated, used_prompt=reply.used_prompt)
             else:
-                row.update(status=REJECTED if reply.error_kind == "rejected" else FAILED, error=reply.error,
-                           content=None)
+                status = {"rejected": REJECTED, BAD_REPLY: BAD_REPLY}.get(reply.error_kind, FAILED)
+                row.update(status=status, error=reply.error, content=None)
             if row["status"] in REGENERATE:
                 still.append(row)
         pending = still
@@ -251,7 +256,10 @@ def split_work(prompts, previous=None):
         return keyed, None
     reusable = (previous.where(F.col("status") == VALID).where(F.col("content").isNotNull())
                 .dropDuplicates(["request_key"]).drop("id", "prompt", "label"))
-    kept = keyed.select("request_key", "id", "prompt", "label").join(reusable, "request_key", "inner")
+    # The id as start_row gives it: a prompt without one keeps the id its first run made from its request key.
+    default_id = F.concat(F.lit(DEFAULT_ID_PREFIX), F.substring("request_key", 1, DEFAULT_ID_KEY_CHARS))
+    ids = F.when(F.coalesce(F.col("id"), F.lit("")) == "", default_id).otherwise(F.col("id")).alias("id")
+    kept = keyed.select("request_key", ids, "prompt", "label").join(reusable, "request_key", "inner")
     todo = keyed.join(reusable.select("request_key"), "request_key", "left_anti")
     return todo, kept.select(*COLUMNS)
 
@@ -311,11 +319,15 @@ def summarize(dataset) -> dict:
                 if entry["values"]:  # nulls and empty endpoints (rows never sent) are not counted
                     counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
     counts = {status: statuses[status] for status in STATUSES if status in statuses}
+    # Images are judged against the prompts that could be sent: a bad prompts-table row is its own problem.
+    sent = total - counts.get(INVALID_PROMPT, 0)
     return {
         "prompts": total,
         "status_counts": counts,
         "valid": counts.get(VALID, 0),
-        "valid_share": counts.get(VALID, 0) / total if total else 0.0,
+        "sent": sent,
+        "invalid_prompts": counts.get(INVALID_PROMPT, 0),
+        "valid_share": counts.get(VALID, 0) / sent if sent else 0.0,
         "truncated": truncated,
         "endpoints": endpoints,
     }

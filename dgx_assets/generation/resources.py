@@ -22,6 +22,9 @@ from dgx_assets.generation import launcher
 from dgx_assets.generation.client import ClientSettings, parse_endpoints
 
 LOCAL = "local"
+# Resource fields handed to ClientSettings under the same name.
+CLIENT_FIELDS = ("concurrency", "connect_timeout_s", "read_timeout_s", "request_deadline_s", "status_deadline_s",
+                 "ca_bundle", "verify_tls", "max_retries", "backoff_s", "breaker_threshold", "breaker_cooldown_s")
 TOKEN_VARIABLE = "ERNIE_SERVING_TOKEN"  # how a launched local server receives the token
 
 
@@ -48,15 +51,27 @@ class ErnieServingResource(dg.ConfigurableResource):
     gpu_ids: Optional[str] = Field(default=None, description="local mode: e.g. '0,1' pins one server per GPU")
     fixed_latency_ms: float = Field(default=0.0, description="local mode: benchmark option of the server")
     startup_timeout_s: float = 180.0
-    # Client behaviour in the executors.
-    concurrency: int = 4
+    # Client behaviour in the executors; each default is ClientSettings' own (one definition per setting).
+    concurrency: int = ClientSettings.concurrency
     tasks: int = Field(default=0, description="Spark tasks to spread prompts over; 0 = one per endpoint (min 2)")
-    connect_timeout_s: float = 3.0
-    read_timeout_s: float = 120.0
-    max_retries: int = 3
-    backoff_s: float = 0.25
-    breaker_threshold: int = 3
-    breaker_cooldown_s: float = 10.0
+    connect_timeout_s: float = ClientSettings.connect_timeout_s
+    read_timeout_s: float = Field(default=ClientSettings.read_timeout_s,
+                                  description="the longest silence between two reads of a reply")
+    request_deadline_s: float = Field(default=ClientSettings.request_deadline_s,
+                                      description="the longest one image request may take in all, however slowly "
+                                                  "the endpoint answers; then it is retried elsewhere")
+    status_deadline_s: float = Field(default=ClientSettings.status_deadline_s,
+                                     description="the longest one /status probe may take in all")
+    ca_bundle: Optional[str] = Field(default=ClientSettings.ca_bundle,
+                                     description="PEM file of the CAs that sign https endpoints' certificates; "
+                                                 "None: the system's CAs")
+    verify_tls: bool = Field(default=ClientSettings.verify_tls,
+                             description="verify https endpoints' certificates (TLS 1.2 at least either way); "
+                                         "turn off only for a test endpoint")
+    max_retries: int = ClientSettings.max_retries
+    backoff_s: float = ClientSettings.backoff_s
+    breaker_threshold: int = ClientSettings.breaker_threshold
+    breaker_cooldown_s: float = ClientSettings.breaker_cooldown_s
 
     @property
     def resolved_token(self) -> Optional[str]:
@@ -73,9 +88,7 @@ class ErnieServingResource(dg.ConfigurableResource):
     def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
         return ClientSettings(
             urls, protocol=self.protocol, service=self.service_name, model=self.model_name, token=self.resolved_token,
-            connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s,
-            max_retries=self.max_retries, backoff_s=self.backoff_s, breaker_threshold=self.breaker_threshold,
-            breaker_cooldown_s=self.breaker_cooldown_s, concurrency=self.concurrency)
+            **{name: getattr(self, name) for name in CLIENT_FIELDS})
 
     def task_count(self, urls: tuple[str, ...]) -> int:
         return self.tasks or max(2, len(urls))

@@ -54,8 +54,12 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
         )
     staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
     context.log.info(f"Ingesting {landing_batch} into {final}")
-    with spark_progress(spark.spark_session, context.log.info):
-        spark_ingest.write_raw_images(frame, staging)
+    try:
+        with spark_progress(spark.spark_session, context.log.info):
+            spark_ingest.write_raw_images(frame, staging)
+    except BaseException:
+        store.drop_staging(staging)  # what a task still writes into it later is swept by the next commit
+        raise
     written = tables.read_partition_summary(store, staging)
     store.commit(staging, final)
     summary = tables.summarize(written)

@@ -32,7 +32,9 @@ def test_summary_counts_statuses_endpoints_and_truncation_across_files(tmp_path)
         "prompts": 6,
         "status_counts": {"valid": 3, "corrupted": 1, "failed": 1, "invalid_prompt": 1},
         "valid": 3,
-        "valid_share": 0.5,
+        "sent": 5,
+        "invalid_prompts": 1,
+        "valid_share": 0.6,  # of the prompts that could be sent: the invalid one is judged by its own check
         "truncated": 2,
         "endpoints": {"http://a": 2, "http://b": 2},  # never-sent rows (no endpoint) are not counted
     }

@@ -2,9 +2,9 @@
 
 import os
 
+import dagster as dg
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-import dagster as dg
 import pytest
 from hostile import SECRET, hostile_batch
 from imagefactory import bad_files, valid_images, write_batch
