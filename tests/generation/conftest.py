@@ -1,5 +1,5 @@
 """Real serving processes for the client and generation tests: healthy ones and deliberately faulty ones
-(the server's fault-injection flags), all on 127.0.0.1, stopped by PID."""
+(the real server with the tests' faulty engine, bench/serving_engines.py), all on 127.0.0.1, stopped by PID."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.serving_engines import faulty_args
 from dgx_assets.generation import launcher
 
 
@@ -41,9 +42,9 @@ def fleet(quick_model, tmp_path_factory):
     always cuts its PNGs short."""
     started = Fleet(quick_model, tmp_path_factory.mktemp("fleet"), {
         "a": [], "b": [],
-        "unavailable": ["--fault", "unavailable"],
-        "slow": ["--fault", "slow", "--fault-delay-ms", "3000"],
-        "truncating": ["--fault", "truncate"],
+        "unavailable": faulty_args("unavailable"),
+        "slow": faulty_args("slow", delay_ms=3000),
+        "truncating": faulty_args("truncate"),
     })
     yield started
     started.stop()

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from bench.serving_engines import faulty_args
 from dgx_assets.generation import generate
 from dgx_assets.generation.client import ClientSettings, ErnieClient
 from dgx_assets.generation.generate import GenerationJob, build_generated_frame, classify_image, safe_file_name
@@ -84,8 +85,7 @@ def test_spark_job_generates_every_prompt_through_both_protocols(spark, fleet, t
 
 
 def test_truncated_pngs_are_classified_corrupted_and_regenerated(start_fleet, tmp_path):
-    faulty = start_fleet(truncates_twice=["--fault", "truncate", "--fault-count", "2"],
-                         garbage_once=["--fault", "garbage", "--fault-count", "1"])
+    faulty = start_fleet(truncates_twice=faulty_args("truncate", count=2), garbage_once=faulty_args("garbage", count=1))
     job = make_job(tmp_path, [faulty["truncates_twice"].url])
     for endpoint, first_status in ((faulty["truncates_twice"].url, "corrupted"),
                                    (faulty["garbage_once"].url, "decode_error")):
