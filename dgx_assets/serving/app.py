@@ -96,8 +96,9 @@ class ServingApp:
                 Route(OPENAI_ROUTE, self.openai, methods=["POST"]),
                 Route(self.pipeline_path, self.pipeline, methods=["POST"]),
             ],
-            exception_handlers={HTTPException: self.http_error},
+            exception_handlers={HTTPException: self.http_error, Exception: self.crash},
         )
+        self.app.router.redirect_slashes = False  # a 307 to "/status" would be the one reply that is not JSON
 
     # --- the guard ------------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -182,6 +183,10 @@ class ServingApp:
         else:
             error = ApiError(exc.status_code, protocol.BAD_INPUT, str(exc.detail))
         return self.error_response(request, error)
+
+    async def crash(self, request: Request, exc: Exception) -> Response:
+        """A bug outside the generation routes (those catch their own): still JSON, with a code."""
+        return self.error_response(request, ApiError(500, protocol.INFERENCE_FAILED, f"internal error: {type(exc).__name__}"))
 
     # --- generation ---------------------------------------------------------------------------------------
     async def openai(self, request: Request) -> Response:

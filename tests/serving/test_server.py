@@ -213,6 +213,8 @@ def test_a_chunked_body_is_cut_off_at_the_limit(server):
 def test_unknown_routes_and_methods_get_json_errors_in_the_routes_format(server):
     missing = requests.get(server.url + "/nope", timeout=5)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 5012
+    slash = requests.get(server.url + "/status/", timeout=5, allow_redirects=False)
+    assert slash.status_code == 404 and slash.json()["error"]["code"] == 5012  # no HTML-less 307
     assert requests.post(server.url + "/other_service/prediction", json={}, timeout=5).status_code == 404
     wrong_method = requests.get(server.url + OPENAI, timeout=5)
     assert wrong_method.status_code == 405 and wrong_method.headers["Allow"] == "POST"

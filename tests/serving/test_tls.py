@@ -115,3 +115,18 @@ def test_a_missing_certificate_stops_the_server_with_its_reason(quick_model, tmp
         assert "cannot load TLS certificate" in server.log_tail()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("protocol", ["openai", "pipeline"])
+def test_the_projects_client_reaches_the_https_server_with_its_ca_bundle(tls_server, protocol):
+    import base64
+
+    from dgx_assets.generation.client import ClientSettings, ErnieClient
+
+    url, ca, _ = tls_server
+    fast = {"max_retries": 0, "backoff_s": 0.01}
+    reply = ErnieClient(ClientSettings((url,), protocol=protocol, ca_bundle=ca, **fast)).generate("cell", 32, 32, 1)
+    assert reply.ok, reply.error
+    assert base64.b64decode(reply.payload_b64)[:8] == b"\x89PNG\r\n\x1a\n"
+    without_ca = ErnieClient(ClientSettings((url,), protocol=protocol, **fast)).generate("cell", 32, 32, 1)
+    assert not without_ca.ok and without_ca.error_kind == "unavailable"
