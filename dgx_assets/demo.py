@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import logging
 import posixpath
 from pathlib import Path
+from typing import ClassVar
 
 from dgx_assets.lake import filesystem_for
 
@@ -85,16 +88,14 @@ def run_demo(limit: int | None = None, batches: int = 3) -> int:
 
     outcome = _DemoOutcome()
     for batch in ready:
-        outcome.add(instance, job.execute_in_process(
-            instance=instance, partition_key=batch, asset_selection=per_batch, raise_on_error=False
-        ), f"batch {batch}")
-    result = job.execute_in_process(instance=instance, asset_selection=whole, raise_on_error=False)
+        outcome.add(instance, execute_for_cli(job, instance, partition_key=batch, asset_selection=per_batch),
+                    f"batch {batch}")
+    result = execute_for_cli(job, instance, asset_selection=whole)
     outcome.add(instance, result, "whole-dataset assets")
     report_key = dg.AssetKey("quality_report")
     if not result.asset_materializations_for_node("quality_report") and report_key in whole:
         # A gate stopped the run before the report: make the report anyway, it says what held things back.
-        outcome.add(instance, job.execute_in_process(instance=instance, asset_selection=[report_key],
-                                                     raise_on_error=False), "quality report")
+        outcome.add(instance, execute_for_cli(job, instance, asset_selection=[report_key]), "quality report")
 
     lake = settings.lake_root()
     print("\nTime per step: " + ", ".join(f"{name} {seconds:.0f}s" for name, seconds in outcome.steps))
@@ -113,6 +114,60 @@ def run_demo(limit: int | None = None, batches: int = 3) -> int:
     return 0
 
 
+CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # what Dagster raises when a blocking check holds a run back
+
+
+def execute_for_cli(job, instance, **options):
+    """Run `job` in this process as `make demo` does, logging to the console as Dagster does, except that a
+    blocking check holding a run back is told by the check's description (its what-to-fix text) instead of
+    a stack trace: for a CLI user that is the pipeline working, not a crash."""
+    import dagster as dg
+    from dagster._loggers import colored_console_logger
+
+    @dg.logger(config_schema=colored_console_logger.config_schema, description=colored_console_logger.description)
+    def console(init_context) -> logging.Logger:
+        return _GateConsole(colored_console_logger.logger_fn(init_context))
+
+    # Only loggers named in the run config are used; DEBUG is what Dagster's default console shows.
+    return job.with_logger_defs({"console": console}).execute_in_process(
+        instance=instance, raise_on_error=False, run_config={"loggers": {"console": {"config": {"log_level": "DEBUG"}}}},
+        **options)
+
+
+class _GateConsole(logging.Logger):
+    """Hands every record to Dagster's console logger; rewrites the step and run failures a blocking check caused."""
+
+    # failed blocking check -> its description, per run (the run's failure is logged by another logger instance)
+    fixes: ClassVar[dict[str, dict[str, str]]] = {}
+
+    def __init__(self, inner: logging.Logger):
+        super().__init__(inner.name, inner.level)
+        self._inner = inner
+
+    def handle(self, record: logging.LogRecord) -> None:
+        import dagster as dg
+
+        meta = getattr(record, "dagster_meta", None) or {}
+        event = meta.get("dagster_event")
+        fixes = self.fixes.setdefault(meta.get("run_id") or "", {})
+        if event is not None and event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            evaluation = event.event_specific_data
+            if not evaluation.passed and evaluation.blocking:
+                fixes[_check_name(evaluation)] = evaluation.description or "(the check gave no description)"
+        elif event is not None and getattr(getattr(event.event_specific_data, "error", None), "cls_name", None) == \
+                CHECK_FAILED_ERROR:
+            record = copy.copy(record)
+            told = "; ".join(f"{name}: {fix}" for name, fix in fixes.items()) or "see the check's description"
+            record.msg, record.args = record.msg.split("\n\n")[0] + f" A blocking check held it back. {told}", ()
+        if event is not None and event.event_type in (dg.DagsterEventType.RUN_SUCCESS, dg.DagsterEventType.RUN_FAILURE):
+            self.fixes.pop(meta.get("run_id") or "", None)
+        self._inner.handle(record)
+
+
+def _check_name(evaluation) -> str:
+    return f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}"
+
+
 class _DemoOutcome:
     """What the demo's runs did: time per step, errors, and blocking checks that stopped downstream work."""
 
@@ -122,12 +177,17 @@ class _DemoOutcome:
         self.gates: list[str] = []
 
     def add(self, instance, result, what: str) -> None:
+        import dagster as dg
+
         for stats in instance.get_run_step_stats(result.run_id):
             if stats.start_time and stats.end_time:
                 self.steps.append((f"{stats.step_key}[{what}]", stats.end_time - stats.start_time))
+        held = [evaluation for evaluation in result.get_asset_check_evaluations()
+                if not evaluation.passed and evaluation.blocking and evaluation.severity == dg.AssetCheckSeverity.ERROR]
         for event in result.get_step_failure_events():
             error = event.step_failure_data.error
-            if error is not None and error.cls_name == "DagsterAssetCheckFailedError":
-                self.gates.append(f"{what}: {error.message.strip().splitlines()[-1]}")
+            if error is not None and error.cls_name == CHECK_FAILED_ERROR:
+                self.gates += [f"{what}: {_check_name(e)}: {e.description or error.message.strip()}" for e in held
+                               if e.asset_check_key.asset_key.to_user_string() in error.message]
             else:
                 self.errors.append(f"{what}: step {event.step_key} ({result.run_id})")

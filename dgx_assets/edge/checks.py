@@ -90,7 +90,9 @@ def edge_model_parity(context: dg.AssetCheckExecutionContext, config: ParityGate
     return dg.AssetCheckResult(
         passed=gate.passed,
         severity=dg.AssetCheckSeverity.ERROR,
-        description="; ".join(gate.reasons) or "edge model agrees with trained_model",
+        description=("; ".join(gate.reasons) + ". To fix: set `quantization: float16` in edge_model's config or train "
+                     "trained_model longer, then re-materialize edge_model") if not gate.passed
+        else "edge model agrees with trained_model",
         metadata={
             "top1_agreement": report.top1_agreement,
             "min_agreement": config.min_agreement,

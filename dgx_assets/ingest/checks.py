@@ -41,11 +41,13 @@ def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid
     return frame.filter(frame.status == images.VALID) if valid_only else frame
 
 
-def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, **extra) -> dg.AssetCheckResult:
+def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, description: str | None = None,
+            **extra) -> dg.AssetCheckResult:
     failing = {e["column"] or e["expectation"]: e["failing_examples"] for e in outcome.expectations if not e["success"]}
     return dg.AssetCheckResult(
         passed=outcome.success,
         severity=severity,
+        description=description,
         metadata={
             "ge_statistics": dg.MetadataValue.json(outcome.statistics),
             "ge_results": dg.MetadataValue.json(outcome.expectations),
@@ -82,15 +84,17 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
         _gx_root(),
     )
     share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
+    what_to_fix = "" if outcome.success else (
+        f"Only {share:.1%} of batch {context.partition_key} decoded as images (at least {config.min_valid_share:.0%} "
+        "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
+        "special files too: copy the real files in) in the landing batch, then re-materialize."
+    )
     return _result(
         outcome,
+        description=what_to_fix or f"{share:.1%} of batch {context.partition_key} are valid images",
         valid_share=round(share, 4),
         min_valid_share=config.min_valid_share,
-        what_to_fix=(
-            "" if outcome.success else
-            f"Only {share:.1%} of batch {context.partition_key} decoded as images; see `status`/`reason` in "
-            "raw_images and the GE data docs, fix or remove the bad files in the landing batch, then re-materialize."
-        ),
+        what_to_fix=what_to_fix,
     )
 
 
