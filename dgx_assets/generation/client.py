@@ -373,7 +373,10 @@ class _DeadlineReader(io.RawIOBase):
     """The socket under one HTTP response: each read waits at most for what is left of the deadline."""
 
     def __init__(self, sock, deadline: float):
-        self._sock, self._deadline, self._read_timeout = sock, deadline, sock.gettimeout()
+        # A socket file of its own keeps the descriptor open after http.client closes the connection of a
+        # response that ends it (`Connection: close`), as http.client's own file does.
+        self._raw, self._sock, self._deadline = sock.makefile("rb", buffering=0), sock, deadline
+        self._read_timeout = sock.gettimeout()
 
     def readable(self) -> bool:
         return True
@@ -383,7 +386,11 @@ class _DeadlineReader(io.RawIOBase):
         if left <= 0:
             raise TimeoutError("the request's deadline has passed")
         self._sock.settimeout(left if self._read_timeout is None else min(left, self._read_timeout))
-        return self._sock.recv_into(buffer)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class _DeadlineResponse(http.client.HTTPResponse):
@@ -393,7 +400,7 @@ class _DeadlineResponse(http.client.HTTPResponse):
         super().__init__(sock, *args, **kwargs)
         deadline = getattr(_DEADLINE, "at", None)
         if deadline is not None:
-            self.fp.close()  # the plain socket file http.client made; the socket itself stays open
+            self.fp.close()  # the plain socket file http.client made, replaced by one that keeps the deadline
             self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
 
 

@@ -6,7 +6,7 @@ Answers:
 
 - `("json", obj)`: HTTP 200 with `obj` as JSON (wrong types, missing fields ...)
 - `("drip", interval_s)`: a proper reply, sent one byte every `interval_s` seconds, headers included
-- `("raw", status, body_bytes)`: exactly that
+- `("raw", status, body_bytes)`: exactly that; `("raw", status, body_bytes, "close")` closes the connection after it
 
 `/status` answers ready, or drips when `drip_status` is set. Dripping stops when the client hangs up or after
 `DRIP_LIMIT_S`, and `stop()` ends the server, so nothing outlives the test.
@@ -100,10 +100,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif answer[0] == "drip":
             self._drip(200, json.dumps(good).encode(), answer[1])
         else:
-            self._send(answer[1], answer[2])
+            self._send(answer[1], answer[2], close=answer[3:] == ("close",))
 
-    def _send(self, status: int, body: bytes) -> None:
+    def _send(self, status: int, body: bytes, close: bool = False) -> None:
         self.send_response(status)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -65,6 +65,14 @@ def test_a_reply_that_is_not_json_is_a_bad_reply(rogue):
     assert reply.error_kind == "bad_reply" and "not a JSON object" in reply.error
 
 
+def test_an_answer_that_closes_the_connection_is_read_whole(rogue):
+    """A 401 with `Connection: close`: http.client closes the socket while the body is still to be read."""
+    rogue.always = ("raw", 401, b'{"error": {"message": "missing or wrong bearer token"}}', "close")
+    reply = ErnieClient(ClientSettings((rogue.url,), **FAST)).generate("cell", 32, 32, seed=1)
+    assert (reply.error_kind, reply.tries) == ("rejected", 1)
+    assert reply.error == "HTTP 401: 'missing or wrong bearer token'"
+
+
 def test_bad_replies_end_in_rows_that_say_so_and_no_row_is_lost(rogue, spark, tmp_path):
     import pandas as pd
 
