@@ -151,6 +151,7 @@ def _walk_local_batch(path: str) -> BatchListing:
         listing.refused.append(_link(path))
         return listing
     folders = [path]
+    add_file = listing.files.append  # looked up once: this loop runs for every landed file
     while folders:
         folder = folders.pop()
         try:
@@ -173,7 +174,7 @@ def _walk_local_batch(path: str) -> BatchListing:
                         # Renamed since the folder was read (a copy tool finishing): the next look sees the
                         # result, and the changed fingerprint holds the batch back.
                         continue
-                    listing.files.append((entry.path, info.st_size, info.st_mtime_ns))
+                    add_file((entry.path, info.st_size, info.st_mtime_ns))
                 elif (refused := _refuse(entry)) is not None:
                     listing.refused.append(refused)
     return listing
@@ -259,8 +260,10 @@ def batch_state(name: str, root: str, listing: BatchListing) -> BatchState:
     # One line per file; sorting the lines sorts by path ("\0" ends each path and sorts first), and is
     # cheaper than sorting the tuples. Refused entries add a line each (a link appearing changes the batch).
     lines = [f"{path}\0{size}\0{mtime}\n" for path, size, mtime in files]
-    lines += [f"{entry.path}\0{entry.status}\n" for entry in listing.refused]
-    text = "".join(sorted(lines))
+    if listing.refused:
+        lines += [f"{entry.path}\0{entry.status}\n" for entry in listing.refused]
+    lines.sort()
+    text = "".join(lines)
     in_progress: tuple[str, ...] = ()
     if any(f"{suffix}\0" in text for suffix in IN_PROGRESS_SUFFIXES):  # one scan of the text; rarely true
         copying = sorted(path for path, _, _ in files if path.endswith(IN_PROGRESS_SUFFIXES))
