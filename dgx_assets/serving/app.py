@@ -245,7 +245,7 @@ class ServingApp:
                     if len(raw) > limit:
                         raise ApiError(413, protocol.BODY_TOO_LARGE, f"body is over the {limit} byte limit")
         except TimeoutError:
-            raise ApiError(408, protocol.BODY_TIMEOUT,
+            raise ApiError(408, protocol.READ_TIMEOUT,
                            f"body not received within {self.config.body_timeout_s:g}s") from None
         except ClientDisconnect:
             raise Disconnected from None

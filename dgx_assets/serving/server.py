@@ -86,7 +86,7 @@ def guarded_protocol(config: ServingConfig, metrics: Metrics) -> type[H11Protoco
             self.header_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 metrics.closed.labels("header_timeout").inc()
-                self._refuse(408, protocol.BODY_TIMEOUT,
+                self._refuse(408, protocol.READ_TIMEOUT,
                              f"request head not received within {config.header_timeout_s:g}s")
 
         def _refuse(self, status: int, code: int, message: str) -> None:
