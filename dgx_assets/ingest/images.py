@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
 
-from dgx_assets.ingest.landing import REFUSED_STATUSES
-
 SUPPORTED_FORMATS = frozenset({"PNG", "JPEG", "BMP", "TIFF"})
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "bmp", "tif", "tiff")
 EXTENSION_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF"}
@@ -32,7 +30,11 @@ TOO_LARGE = "too_large"
 ZERO_SIZE = "zero_size"
 UNLABELLED = "unlabelled"
 UNREADABLE = "unreadable"  # listed, then gone or forbidden when its worker came to read it
-# ... and, from the landing listing, `symlink`, `special_file` and `unlistable`: entries recorded, never opened.
+# Entries the landing listing refuses (landing.py): recorded with these statuses, never opened.
+SYMLINK = "symlink"
+SPECIAL_FILE = "special_file"
+UNLISTABLE = "unlistable"
+REFUSED_STATUSES = (SYMLINK, SPECIAL_FILE, UNLISTABLE)
 STATUSES = (VALID, EMPTY, NOT_AN_IMAGE, CORRUPTED, DECODE_ERROR, UNSUPPORTED, TOO_LARGE, ZERO_SIZE, UNLABELLED, UNREADABLE,
             *REFUSED_STATUSES)
 

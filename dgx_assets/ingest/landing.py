@@ -23,16 +23,12 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
+from dgx_assets.ingest.images import SPECIAL_FILE, SYMLINK, UNLISTABLE
 from dgx_assets.lake import filesystem_for, has_hidden_part
 
 # HDFS `put` writes `<name>._COPYING_` and renames at the end; other tools leave these while writing.
 IN_PROGRESS_SUFFIXES = ("._COPYING_", ".tmp", ".part", ".crdownload")
 
-# raw_images statuses of entries that are not regular files: recorded, never opened.
-SYMLINK = "symlink"
-SPECIAL_FILE = "special_file"
-UNLISTABLE = "unlistable"
-REFUSED_STATUSES = (SYMLINK, SPECIAL_FILE, UNLISTABLE)
 
 
 @dataclass(frozen=True)
@@ -40,7 +36,7 @@ class Refused:
     """An entry the listing did not follow or could not read: a link, a special file, an unlistable folder."""
 
     path: str  # as the filesystem names it
-    status: str  # one of REFUSED_STATUSES
+    status: str  # one of images.REFUSED_STATUSES
     reason: str
 
 

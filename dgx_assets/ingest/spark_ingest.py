@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 import pyarrow as pa
 
-from dgx_assets.ingest import images, landing
+from dgx_assets.ingest import images
 from dgx_assets.lake import worker_filesystem
 from dgx_assets.spark.chunks import map_chunks, pack
 from dgx_assets.spark.parquet import image_table_options
@@ -183,9 +183,9 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
         descriptor = os.open(inside, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise _NotARegularFile(landing.SYMLINK, "a symbolic link: not followed") from None
+            raise _NotARegularFile(images.SYMLINK, "a symbolic link: not followed") from None
         raise
     with os.fdopen(descriptor, "rb") as handle:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise _NotARegularFile(landing.SPECIAL_FILE, "a special file: never read")
+            raise _NotARegularFile(images.SPECIAL_FILE, "a special file: never read")
         return handle.read()
