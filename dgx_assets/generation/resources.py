@@ -49,7 +49,6 @@ class ErnieServingResource(dg.ConfigurableResource):
     build_if_missing: bool = Field(default=True, description="local mode: train the generator first if absent "
                                                              "(a few minutes on a CPU)")
     gpu_ids: Optional[str] = Field(default=None, description="local mode: e.g. '0,1' pins one server per GPU")
-    fixed_latency_ms: float = Field(default=0.0, description="local mode: benchmark option of the server")
     startup_timeout_s: float = 180.0
     # Client behaviour in the executors; each default is ClientSettings' own (one definition per setting).
     concurrency: int = ClientSettings.concurrency
@@ -112,8 +111,6 @@ class ErnieServingResource(dg.ConfigurableResource):
         env = dict(os.environ)
         options: dict = {"log_dir": settings.state_dir() / "serving-logs", "env": env, "timeout_s": self.startup_timeout_s}
         extra = ["--service-name", self.service_name]
-        if self.fixed_latency_ms:
-            extra += ["--fixed-latency-ms", str(self.fixed_latency_ms)]
         if self.resolved_token:
             env[TOKEN_VARIABLE] = self.resolved_token
             options["token_env"] = TOKEN_VARIABLE
