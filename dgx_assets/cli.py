@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dgx_assets.serving import commands as serving_commands
 
     serving_commands.register(commands)  # `serve` and `build-generator`; paddle is imported only when they run
+    from dgx_assets.edge import commands as edge_commands
+
+    edge_commands.register(commands)  # `edge-run`, `edge-fetch`, `edge-manifest`; LiteRT/MLflow load when they run
     return parser
 
 
