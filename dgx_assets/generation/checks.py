@@ -48,6 +48,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
             gx.expectations.ExpectColumnValuesToBeUnique(column="file_name"),
         ],
         settings.state_dir() / "gx",
+        f"{ASSET_KEY}.generated_images_valid",
     )
     passed = summary["sent"] > 0 and outcome.success and summary["valid_share"] >= config.min_valid_share
     bad = {status: n for status, n in summary["status_counts"].items()

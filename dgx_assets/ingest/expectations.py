@@ -2,11 +2,16 @@
 
 The suites are small and built in code (see `checks.py`), so the rules live next to the asset they guard;
 GE's file context under `.dgx/gx/` keeps every validation result and renders the data docs a person opens.
+GE's pages load Bootstrap and jQuery from CDNs, which an air-gapped cluster cannot reach: after each build the
+pages are pointed at copies shipped by the XStatic packages, and bootstrap-table (no Python package ships it)
+is replaced by a small script that draws the same tables.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +24,12 @@ class SuiteOutcome:
     data_docs: str | None = None
 
 
-def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path) -> SuiteOutcome:
-    """Validate `dataframe` (Spark) against `expectations` and render the data docs under `gx_root`."""
+def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run_name: str | None = None) -> SuiteOutcome:
+    """Validate `dataframe` (Spark) against `expectations` and render the data docs under `gx_root`.
+
+    `run_name` names the validation in the data docs (asset, check and batch), so the results of several
+    batches can be told apart there; without it GE shows `__none__`.
+    """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
 
@@ -47,9 +56,14 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path) -> 
             result_format={"result_format": "COMPLETE", "partial_unexpected_count": 10},
         )
     )
-    run = checkpoint.run(batch_parameters={"dataframe": dataframe})
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    run = checkpoint.run(batch_parameters={"dataframe": dataframe},
+                         run_id=RunIdentifier(run_name=run_name or suite_name))
     result = next(iter(run.run_results.values()))
     docs = context.get_docs_sites_urls()
+    if docs:
+        offline_data_docs(_site_dir(docs[0]["site_url"]))
     return SuiteOutcome(
         success=bool(result.success),
         statistics=dict(result.statistics),
@@ -77,3 +91,87 @@ def _describe(expectation_result) -> dict:
         "observed_value": result.get("observed_value"),
         "failing_examples": [str(v) for v in (result.get("partial_unexpected_list") or [])[:10]],
     }
+
+
+def _site_dir(site_url: str) -> Path:
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(site_url).path)).parent
+
+
+# CDN file name -> the local copy that replaces it (None: dropped, the pages read well without it).
+_VENDORED = {
+    "bootstrap.min.css": ("xstatic.pkg.bootstrap", "css/bootstrap.min.css"),
+    "bootstrap.min.js": ("xstatic.pkg.bootstrap", "js/bootstrap.bundle.min.js"),  # the bundle carries popper
+    "jquery-3.7.1.min.js": ("xstatic.pkg.jquery", "jquery.min.js"),
+    "bootstrap-table.min.js": (None, "bootstrap-table-offline.js"),
+}
+_CDN_TAG = re.compile(r'<link[^>]*href="(https?://[^"]+)"[^>]*>|<script[^>]*src="(https?://[^"]+)"[^>]*>\s*</script>')
+_REMOTE_IMAGE = re.compile(r'src="https?://[^"]*great-expectations-web-assets[^"]*"')
+
+# Draws GE's tables (the index's list of validations, each with a link to its page) without bootstrap-table.
+_TABLE_SCRIPT = """// dgx_assets: a stand-in for bootstrap-table, which GE loads from a CDN an offline cluster cannot reach.
+(function ($) {
+  // Font Awesome (also a CDN) drew the status icons: plain characters instead.
+  $("head").append("<style>.fas.fa-check-circle::before{content:'\\\\2714';}.fas.fa-times::before,"
+    + ".fas.fa-times-circle::before{content:'\\\\2716';}.fas.fa-exclamation-triangle::before{content:'\\\\26A0';}"
+    + ".fas{font-style:normal;}</style>");
+  function cell(value) { return value === undefined || value === null ? "" : String(value); }
+  $.fn.bootstrapTable = function (options) {
+    if (typeof options !== "object") { return this; }  // method calls ('resetSearch' ...) have nothing to do
+    var columns = (options.columns || []).filter(function (c) { return c.visible !== false; });
+    var linked = columns.some(function (c) { return c.field === "run_name"; }) ? "run_name" : (columns[0] || {}).field;
+    var head = columns.map(function (c) { return "<th>" + cell(c.title || c.field) + "</th>"; }).join("");
+    var body = (options.data || []).map(function (row) {
+      var cells = columns.map(function (c) {
+        var text = cell(row[c.field]);
+        return "<td>" + (c.field === linked && row._table_row_link_path ? "<a href='" + row._table_row_link_path + "'>" + text + "</a>" : text) + "</td>";
+      });
+      return "<tr>" + cells.join("") + "</tr>";
+    }).join("");
+    return this.addClass("table table-sm table-striped table-hover")
+      .html("<thead><tr>" + head + "</tr></thead><tbody>" + body + "</tbody>");
+  };
+})(jQuery);
+"""
+
+
+def _local_tag(match: re.Match, prefix: str) -> str:
+    address = match.group(1) or match.group(2)
+    vendored = _VENDORED.get(address.rsplit("/", 1)[-1])
+    if vendored is None:
+        return ""
+    file = f"{prefix}/{Path(vendored[1]).name}"
+    return f'<link rel="stylesheet" href="{file}">' if match.group(1) else f'<script src="{file}"></script>'
+
+
+def offline_data_docs(site: Path) -> int:
+    """Point every data docs page under `site` at local copies of its scripts and styles; returns pages changed.
+
+    Idempotent: a page already rewritten has no CDN address left, so a rebuild only touches the new pages.
+    """
+    import importlib
+
+    vendor = site / "static" / "vendor"
+    vendor.mkdir(parents=True, exist_ok=True)
+    for module, name in _VENDORED.values():
+        target = vendor / Path(name).name
+        if module is None:
+            target.write_text(_TABLE_SCRIPT)
+        elif not target.exists():
+            shutil.copyfile(Path(importlib.import_module(module).BASE_DIR) / name, target)
+    changed = 0
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        prefix = os.path.relpath(vendor, page.parent)
+        rewritten = _CDN_TAG.sub(lambda match, prefix=prefix: _local_tag(match, prefix), text)
+        # GE's logo comes from its web bucket (with the context's id in the query): its own static copy serves.
+        logo = os.path.relpath(site / "static" / "images" / "logo-long.png", page.parent)
+        rewritten = _REMOTE_IMAGE.sub(f'src="{logo}"', rewritten)
+        # A Spark DataFrame batch has no asset name in its spec, so GE prints "None"; the page's own file name is
+        # the batch id (<data source>-<asset>).
+        rewritten = rewritten.replace("Data asset: None<br>", f"Data asset: {page.stem}<br>")
+        if rewritten != text:
+            page.write_text(rewritten, encoding="utf-8")
+            changed += 1
+    return changed
