@@ -40,7 +40,12 @@ class MlflowResource(dg.ConfigurableResource):
     tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite under .dgx/
     experiment_name: str = "dgx_assets"
     registered_model_name: str = "dgx_defect_classifier"
+    ui_url: Optional[str] = None  # None: DGX_MLFLOW_UI_URL, else what `make mlflow-ui` serves
 
     @property
     def resolved_tracking_uri(self) -> str:
         return self.tracking_uri or settings.mlflow_tracking_uri()
+
+    @property
+    def resolved_ui_url(self) -> str:
+        return (self.ui_url or "").rstrip("/") or settings.mlflow_ui_url()

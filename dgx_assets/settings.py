@@ -51,3 +51,13 @@ def mlflow_tracking_uri() -> str:
 
 def ernie_endpoints() -> str:
     return os.environ.get("DGX_ERNIE_ENDPOINTS", "local")
+
+
+def mlflow_ui_url() -> str:
+    """Where a browser opens MLflow (DGX_MLFLOW_UI_URL); the default is what `make mlflow-ui` serves."""
+    return (os.environ.get("DGX_MLFLOW_UI_URL") or "http://127.0.0.1:5000").rstrip("/")
+
+
+def dagster_ui_url() -> str:
+    """Where a browser opens the Dagster UI (DGX_DAGSTER_UI_URL); the default is what `make dev` serves."""
+    return (os.environ.get("DGX_DAGSTER_UI_URL") or "http://127.0.0.1:3000").rstrip("/")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dgx_assets import links
 from dgx_assets.training.dataset import FeatureFiles, scan_features
 from dgx_assets.training.train import TrainConfig, TrainingResult, train_classifier
 
@@ -43,6 +44,8 @@ class TrackingConfig:
     tracking_uri: str
     experiment_name: str = "dgx_assets"
     registered_model_name: str = "dgx_defect_classifier"
+    ui_url: str | None = None  # where a browser opens MLflow (links in Dagster and the report)
+    dagster_ui_url: str | None = None  # where a browser opens Dagster (links back from MLflow)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +127,28 @@ def default_artifact_location(tracking_uri: str) -> str | None:
     return None
 
 
+# MLflow 3's UI opens an experiment on its GenAI overview unless this tag says it holds model training runs.
+EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT = "mlflow.experimentKind", "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"  # the description the MLflow UI shows (Markdown) for experiments and runs
+EXPERIMENT_DESCRIPTION = (
+    "Training runs of the dgx_assets `trained_model` asset: a defect classifier on solar-cell "
+    "electroluminescence images, one run per Dagster materialization (tags `dagster.*` link back)."
+)
+
+
 def ensure_experiment(client: Any, name: str, tracking_uri: str) -> str:
+    """The experiment's id, created when missing; tagged as a model-training experiment either way."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri))
+    if experiment is None:
+        experiment_id = client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri))
+        tags = {}
+    else:
+        experiment_id, tags = experiment.experiment_id, experiment.tags
+    if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_EXPERIMENT:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
+    if not tags.get(DESCRIPTION_TAG):
+        client.set_experiment_tag(experiment_id, DESCRIPTION_TAG, EXPERIMENT_DESCRIPTION)
+    return experiment_id
 
 
 # --- lineage ----------------------------------------------------------------------------------------
@@ -337,6 +357,10 @@ def train_and_track(
 
     run_name = f"trained_model-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
     tags = _lineage_tags(lineage, commit) | hardware_tags(hardware) | {"dgx.data_digest": data_digest}
+    dagster_run_url = links.dagster_run(tracking.dagster_ui_url, lineage.run_id) \
+        if tracking.dagster_ui_url and lineage.run_id else None
+    if dagster_run_url:
+        tags["dagster.run_url"] = dagster_run_url
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         run_id = run.info.run_id
         say(f"MLflow run {run_id} in experiment {tracking.experiment_name!r}")
@@ -373,8 +397,11 @@ def train_and_track(
                                            "train_images": index.rows("train"),
                                            "validation_images": index.rows("validation"),
                                            "test_images": index.rows("test")})
-        mlflow.log_metrics({f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)})
-        mlflow.log_metric("training_seconds", result.seconds)
+        # The final evaluation gets a step of its own, after the last epoch: the logged model links the metrics
+        # of the step it is logged at, so it carries the test metrics and not an epoch's training metrics.
+        evaluation_step = max(result.epochs, default=-1) + 1
+        test_metrics = {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
+        mlflow.log_metrics(test_metrics | {"training_seconds": result.seconds}, step=evaluation_step)
         mlflow.set_tags({
             "dgx.resumed_from_epoch": str(result.resumed_from_epoch),
             "dgx.best_epoch": str(result.best_epoch),
@@ -385,8 +412,9 @@ def train_and_track(
         for artifact, figure in _figures(result).items():
             mlflow.log_figure(figure, artifact)
 
-        model_info = _log_model(mlflow, result, tracking.registered_model_name)
+        model_info = _log_model(mlflow, result, tracking.registered_model_name, step=evaluation_step)
         version = str(model_info.registered_model_version)
+        _describe(client, tracking, run_id, version, result, lineage, dagster_run_url)
         client.set_registered_model_alias(tracking.registered_model_name, CANDIDATE_ALIAS, version)
         for key, value in {"dagster.run_id": lineage.run_id, "git.commit": commit, "dgx.data_digest": data_digest}.items():
             if value:
@@ -396,7 +424,7 @@ def train_and_track(
     return TrackedModel(
         run_id=run_id,
         experiment_id=experiment_id,
-        run_url=run_url(tracking.tracking_uri, experiment_id, run_id),
+        run_url=run_url(tracking.tracking_uri, experiment_id, run_id, tracking.ui_url),
         model_name=tracking.registered_model_name,
         model_version=version,
         model_uri=f"models:/{tracking.registered_model_name}/{version}",
@@ -407,10 +435,39 @@ def train_and_track(
     )
 
 
-def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+def run_url(tracking_uri: str, experiment_id: str, run_id: str, ui_url: str | None = None) -> str | None:
+    """The run's page in the MLflow UI: under `ui_url`, else under an http(s) tracking server, else None."""
+    if ui_url:
+        return links.mlflow_run(ui_url, experiment_id, run_id)
     if urlparse(tracking_uri).scheme in ("http", "https"):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        return links.mlflow_run(tracking_uri, experiment_id, run_id)
     return None
+
+
+def _describe(client: Any, tracking: TrackingConfig, run_id: str, version: str, result: TrainingResult,
+              lineage: DagsterLineage, dagster_run_url: str | None) -> None:
+    """Descriptions (Markdown) on the run, the registered model and the version, with links back to Dagster."""
+    metrics = result.test.metrics
+    made_by = (f"[Dagster run {lineage.run_id[:8]}]({dagster_run_url})" if dagster_run_url
+               else f"Dagster run `{lineage.run_id}`" if lineage.run_id else "an ad-hoc call")
+    partitions = ", ".join(lineage.partition_keys) or "none"
+    summary = (
+        f"Defect classifier ({', '.join(result.class_names)}) made by {made_by} materializing `{lineage.asset_key}` "
+        f"on the image_features batches {partitions}. Test accuracy {metrics.get('accuracy', float('nan')):.1%} "
+        f"(majority baseline {metrics.get('majority_baseline_accuracy', float('nan')):.1%}), macro-F1 "
+        f"{metrics.get('macro_f1', float('nan')):.3f}; best epoch {result.best_epoch}."
+    )
+    client.set_tag(run_id, DESCRIPTION_TAG, summary)
+    client.update_model_version(tracking.registered_model_name, version,
+                                description=f"{summary} Registered with the alias `{CANDIDATE_ALIAS}`.")
+    if dagster_run_url:
+        client.set_model_version_tag(tracking.registered_model_name, version, "dagster.run_url", dagster_run_url)
+    registered = client.get_registered_model(tracking.registered_model_name)
+    if not registered.description:
+        client.update_registered_model(tracking.registered_model_name, description=(
+            "Defect classifier for solar-cell electroluminescence images, trained by the dgx_assets `trained_model` "
+            f"asset. Alias `{CANDIDATE_ALIAS}`: the latest trained version; `champion`: the version promoted after "
+            "its quality gates passed (the one edge devices get)."))
 
 
 def alias_metric(tracking_uri: str, model_name: str, alias: str, metric: str) -> tuple[str, float] | None:
@@ -427,7 +484,7 @@ def alias_metric(tracking_uri: str, model_name: str, alias: str, metric: str) ->
     return (str(version.version), float(value)) if value is not None else None
 
 
-def _log_model(mlflow: Any, result: TrainingResult, model_name: str) -> Any:
+def _log_model(mlflow: Any, result: TrainingResult, model_name: str, step: int = 0) -> Any:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -446,6 +503,7 @@ def _log_model(mlflow: Any, result: TrainingResult, model_name: str) -> Any:
         signature=signature,
         input_example=example,
         registered_model_name=model_name,
+        step=step,  # the logged model carries the metrics of this step
         # Pinned explicitly: inferring requirements would reload the model in a subprocess.
         pip_requirements=[f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"],
         metadata={"class_names": result.class_names, "input_shape": result.input_shape},
