@@ -8,6 +8,7 @@ import os
 
 import dagster as dg
 
+from dgx_assets.challenger import definitions as challenger
 from dgx_assets.edge import definitions as edge
 from dgx_assets.generation import definitions as generation
 from dgx_assets.generation.resources import ErnieServingResource
@@ -39,6 +40,7 @@ def _executor(deployment: str):
 defs = dg.Definitions.merge(
     ingest.defs,
     training.defs,
+    challenger.defs,
     edge.defs,
     generation.defs,
     reporting.defs,

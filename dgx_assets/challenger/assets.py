@@ -1,0 +1,95 @@
+"""challenger_model: the Dagster layer over challenger/tracking.py (no pyspark, xgboost or MLflow import here)."""
+
+
+import dagster as dg
+from pydantic import Field
+
+from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.spark.resource import SparkResource
+
+CHALLENGER_CODE_VERSION = "1"
+
+
+class ChallengerModelConfig(dg.Config):
+    registered_model_name: str = Field("dgx_defect_challenger", description="MLflow registered model of the challenger")
+    max_depth: int = Field(4, description="Tree depth")
+    n_estimators: int = Field(300, description="Most boosting rounds (early stopping on the validation split may end sooner)")
+    learning_rate: float = Field(0.1, description="Shrinkage per round")
+    subsample: float = Field(0.8, description="Rows sampled per tree")
+    colsample_bytree: float = Field(0.5, description="Embedding dimensions sampled per tree")
+    early_stopping_rounds: int = Field(20, description="Rounds without validation mlogloss improvement before stopping")
+    num_workers: int | None = Field(None, description="XGBoost workers, one Spark task each; empty: the cluster's task slots (at most 8)")
+    device: str = Field("auto", description="auto: cuda when Spark gives tasks GPUs (the GPU hist method), else cpu")
+    seed: int = Field(42, description="XGBoost random_state")
+
+    def challenger_config(self):
+        from dgx_assets.challenger.xgb import ChallengerConfig
+
+        return ChallengerConfig(**self.model_dump(exclude={"registered_model_name"}))
+
+
+# Trains gradient-boosted trees on every image_features batch's embeddings across the Spark executors; registers the challenger.
+@dg.asset(
+    deps=[dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping())],
+    group_name="challenger",
+    kinds={"spark", "xgboost", "mlflow"},
+    owners=["team:ml-platform"],
+    code_version=CHALLENGER_CODE_VERSION,
+    description=(
+        "A challenger to trained_model: xgboost.spark.SparkXGBClassifier on image_features' pretrained embeddings, "
+        "one XGBoost worker per Spark task (the GPU hist method when executors have GPUs), on trained_model's "
+        "splits (train to fit, validation for early stopping, test to report). One MLflow run with the same "
+        "lineage as trained_model; registered under its own name with the alias `challenger`; "
+        "<lake>/challenger_model/model_info.json for the report."
+    ),
+)
+def challenger_model(context: dg.AssetExecutionContext, config: ChallengerModelConfig, spark: SparkResource,
+                     lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+    from dgx_assets.challenger.tracking import (
+        train_and_track_challenger,
+        write_challenger_outputs,
+    )
+    from dgx_assets.challenger.xgb import ChallengerConfigError
+    from dgx_assets.spark.progress import spark_progress
+    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
+    from dgx_assets.training.tracking import (
+        DagsterLineage,
+        TrackingConfig,
+        TrackingConfigError,
+    )
+
+    store = lake.lake
+    partitions = store.partitions("image_features")
+    paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
+    if not paths:
+        raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
+    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, config.registered_model_name)
+    lineage = DagsterLineage(run_id=context.run_id, asset_key=context.asset_key.to_user_string(),
+                             partition_keys=tuple(partitions), code_version=CHALLENGER_CODE_VERSION,
+                             job_name=context.job_name)
+    session = spark.spark_session
+    try:
+        with spark_progress(session, context.log.info):
+            tracked = train_and_track_challenger(
+                session, FeatureFiles(store.fs, tuple(paths)), [store.uri_of(p) for p in paths],
+                store.asset_uri("image_features"), config.challenger_config(), tracking, lineage, log=context.log.info)
+    except (ChallengerConfigError, TrackingConfigError, FeatureDataError) as error:
+        raise dg.Failure(str(error)) from error
+    folder = write_challenger_outputs(store, tracked, tracking.tracking_uri)
+    result, metrics = tracked.result, tracked.result.test.metrics
+    return dg.MaterializeResult(metadata={
+        **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+        "mlflow_run_id": tracked.run_id,
+        "model_version": f"{tracked.model_name} v{tracked.model_version} (alias challenger)",
+        "test_accuracy": metrics["accuracy"],
+        "test_accuracy_ci95": f"{metrics['accuracy_ci95_low']:.3f}..{metrics['accuracy_ci95_high']:.3f}",
+        "test_macro_f1": metrics["macro_f1"],
+        "test_images": int(metrics["images"]),
+        "inference_ms_per_image": round(result.inference_ms_per_image, 4),
+        "training_seconds": round(result.training_seconds, 1),
+        "workers": f"{result.num_workers} on {result.device}",
+        "best_iteration": result.best_iteration if result.best_iteration is not None else -1,
+        "partitions": dg.MetadataValue.json(partitions),
+        "data_digest": tracked.data_digest,
+        "path": dg.MetadataValue.path(folder),
+    })

@@ -1,0 +1,144 @@
+"""The challenger's MLflow run: the lineage trained_model records (Dagster tags, git commit, hardware, the
+exact feature files as datasets with digests), its params and test metrics, and the booster registered under
+its own name with the alias ``challenger``. Also the challenger's model_info.json in the lake."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import time
+from typing import Any
+
+from dgx_assets.challenger.xgb import (
+    ChallengerConfig,
+    ChallengerResult,
+    train_challenger,
+)
+from dgx_assets.lake import Lake
+from dgx_assets.training import tracking as lineage_tracking
+from dgx_assets.training.dataset import FeatureFiles
+
+CHALLENGER_ASSET = "challenger_model"
+CHALLENGER_ALIAS = "challenger"
+INFO_FILE = "model_info.json"
+MODEL_FILE = "model.ubj"
+
+
+@dataclasses.dataclass
+class TrackedChallenger:
+    run_id: str
+    run_url: str | None
+    model_name: str
+    model_version: str
+    data_digest: str
+    result: ChallengerResult
+    hardware: dict[str, Any]
+
+
+def train_and_track_challenger(
+    spark: Any,
+    files: FeatureFiles,
+    uris: list[str],
+    features_uri: str,
+    config: ChallengerConfig,
+    tracking: lineage_tracking.TrackingConfig,
+    lineage: lineage_tracking.DagsterLineage,
+    log: Any = None,
+) -> TrackedChallenger:
+    config.validate()
+    lineage_tracking.check_tracking_uri(tracking.tracking_uri)
+    say = log or (lambda message: None)
+    import mlflow
+    import mlflow.xgboost
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    client = MlflowClient(tracking.tracking_uri)
+    experiment_id = lineage_tracking.ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
+    entries = lineage_tracking.describe_files(files)
+    digests = {context: lineage_tracking.dataset_digest(entries, splits)
+               for context, splits in (("training", ["train", "validation"]), ("test", ["test"]))}
+    data_digest = lineage_tracking.dataset_digest(entries, ["train", "validation", "test"])
+    commit = lineage_tracking.code_revision()
+    hardware = lineage_tracking.hardware_baseline()
+    tags = (lineage_tracking._lineage_tags(lineage, commit) | lineage_tracking.hardware_tags(hardware)
+            | {"dgx.data_digest": data_digest, "dgx.model_family": "xgboost"})
+    run_name = f"{CHALLENGER_ASSET}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+        say(f"MLflow run {run.info.run_id} in experiment {tracking.experiment_name!r}")
+        result = train_challenger(spark, files, uris, config, log=say)
+        mlflow.log_params(result.params | {"embedding_dims": result.embedding_dims,
+                                           **{f"{s}_images": sum(c.values()) for s, c in result.split_counts.items()}})
+        mlflow.log_dict(hardware, "hardware/baseline.json")
+        mlflow.log_dict({"features_uri": features_uri, "partition_keys": list(lineage.partition_keys),
+                         "files": [dataclasses.asdict(e) for e in entries], "split_counts": result.split_counts},
+                        "datasets/feature_files.json")
+        for context, splits in (("training", ["train", "validation"]), ("test", ["test"])):
+            profile = {"num_rows": sum(sum(result.split_counts[s].values()) for s in splits), "files": len(entries),
+                       "partitions": list(lineage.partition_keys)[:200], "sha256": digests[context]}
+            dataset = lineage_tracking._feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri,
+                                                        digests[context], profile)
+            mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
+        mlflow.log_metrics({f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
+                           | {"training_seconds": result.training_seconds,
+                              "inference_ms_per_image": result.inference_ms_per_image})
+        mlflow.set_tag("dgx.class_names", json.dumps(result.class_names))
+        mlflow.log_dict({"class_names": result.class_names, "confusion_matrix": result.test.confusion_matrix},
+                        "evaluation/test_report.json")
+        info = mlflow.xgboost.log_model(result.booster, name="model", registered_model_name=tracking.registered_model_name,
+                                        metadata={"class_names": result.class_names, "input": "image_features.embedding"})
+        version = str(info.registered_model_version)
+        client.set_registered_model_alias(tracking.registered_model_name, CHALLENGER_ALIAS, version)
+        for key, value in {"dagster.run_id": lineage.run_id, "git.commit": commit, "dgx.data_digest": data_digest}.items():
+            if value:
+                client.set_model_version_tag(tracking.registered_model_name, version, key, value)
+        say(f"registered {tracking.registered_model_name} version {version} as {CHALLENGER_ALIAS!r}")
+    return TrackedChallenger(run.info.run_id, lineage_tracking.run_url(tracking.tracking_uri, experiment_id, run.info.run_id),
+                             tracking.registered_model_name, version, data_digest, result, hardware)
+
+
+def write_challenger_outputs(lake: Lake, tracked: TrackedChallenger, tracking_uri: str) -> str:
+    """<lake>/challenger_model/: the booster (UBJSON) and model_info.json, swapped in together."""
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    result = tracked.result
+    info = {
+        "class_names": result.class_names,
+        "input": "image_features.embedding",
+        "embedding_dims": result.embedding_dims,
+        "model_file": MODEL_FILE,
+        "mlflow_run_id": tracked.run_id,
+        "mlflow_run_url": tracked.run_url,
+        "mlflow_tracking_uri": tracking_uri,
+        "registered_model_name": tracked.model_name,
+        "model_version": tracked.model_version,
+        "model_alias": CHALLENGER_ALIAS,
+        "test_metrics": {k: (v if math.isfinite(v) else None) for k, v in result.test.metrics.items()},
+        "confusion_matrix": result.test.confusion_matrix,
+        "split_counts": result.split_counts,
+        "params": result.params,
+        "best_iteration": result.best_iteration,
+        "training_seconds": round(result.training_seconds, 2),
+        "inference_ms_per_image": result.inference_ms_per_image,
+        "spark_scoring_seconds": round(result.spark_scoring_seconds, 3),
+        "data_digest": tracked.data_digest,
+        "hardware_kind": tracked.hardware.get("kind"),
+        "trained_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    staging, final = lake.uri(f".staging-{CHALLENGER_ASSET}-{uuid.uuid4().hex[:12]}"), lake.asset_uri(CHALLENGER_ASSET)
+    with tempfile.TemporaryDirectory(prefix="challenger-") as tmp:
+        model_path = Path(tmp) / MODEL_FILE
+        result.booster.save_model(str(model_path))
+        lake.write_bytes(f"{staging}/{MODEL_FILE}", model_path.read_bytes())
+    lake.write_bytes(f"{staging}/{INFO_FILE}", json.dumps(info, indent=2).encode())
+    lake.commit(staging, final)
+    return final
+
+
+def read_challenger_info(lake: Lake) -> dict[str, Any] | None:
+    uri = f"{lake.asset_uri(CHALLENGER_ASSET)}/{INFO_FILE}"
+    return json.loads(lake.read_bytes(uri)) if lake.exists(uri) else None
