@@ -1,5 +1,6 @@
 import dagster as dg
 
+from dgx_assets import metadata
 from dgx_assets.ingest import images
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
@@ -9,6 +10,22 @@ from dgx_assets.spark.resource import SparkResource
 ASSET_OWNERS = ["team:data-platform"]
 # Metadata key of the landing batch's fingerprint (landing.batch_state) that a raw_images partition was made from.
 LANDING_FINGERPRINT = "landing_fingerprint"
+# What each raw_images column means, for the column schema the UI shows.
+RAW_IMAGES_COLUMNS = {
+    "path": "the file's URI in the landing zone",
+    "batch": "the landing batch (partition key)",
+    "label": "the class, from the folder under the batch",
+    "size_bytes": "file size",
+    "sha256": "content hash (duplicates, split)",
+    "format": "image format Pillow read (PNG, JPEG, ...)",
+    "width": "pixels",
+    "height": "pixels",
+    "mode": "Pillow mode (L, RGB, ...)",
+    "status": "`valid` or why the file was quarantined (corrupted, decode_error, too_large, symlink, ...)",
+    "reason": "human-readable reason for a quarantined file",
+    "split": "train / validation / test, stable from the content hash",
+    "content": "the image bytes (valid rows only)",
+}
 
 
 class RawImagesConfig(dg.Config):
@@ -65,15 +82,17 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
     summary = tables.summarize(written)
     context.log.info(f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}")
     preview = written.slice(0, 10).select(["path", "label", "status", "reason", "format", "width", "height", "split"])
+    schema = tables.dataset(store, final).schema
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": summary["files_listed"],
+            metadata.COLUMN_SCHEMA: metadata.column_schema(schema, RAW_IMAGES_COLUMNS),
             "files_listed": summary["files_listed"],
             "valid": summary["valid"],
-            "quarantined": dg.MetadataValue.json(summary["quarantined"]),
+            "quarantined": metadata.counts(summary["quarantined"], "status", "files"),
             "bytes": summary["bytes"],
-            "label_counts": dg.MetadataValue.json(summary["labels"]),
-            "split_counts": dg.MetadataValue.json(summary["splits"]),
+            "label_counts": metadata.counts(summary["labels"], "label", "valid images"),
+            "split_counts": metadata.counts(summary["splits"], "split", "valid images"),
             "preview": dg.MetadataValue.md(preview.to_pandas().to_markdown(index=False)),
             "path": dg.MetadataValue.path(final),
             "landing_batch": dg.MetadataValue.path(landing_batch),

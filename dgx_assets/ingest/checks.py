@@ -66,9 +66,9 @@ def _gx_root():
     return settings.state_dir() / "gx"
 
 
-def _run_name(context: dg.AssetCheckExecutionContext) -> str:
+def _run_name(check: str, context: dg.AssetCheckExecutionContext) -> str:
     """How the data docs name this validation: asset, check and batch (GE says `__none__` otherwise)."""
-    return f"{context.check_spec.asset_key.to_user_string()}.{context.check_spec.name}[{context.partition_key}]"
+    return f"{raw_images.key.to_user_string()}.{check}[{context.partition_key}]"
 
 
 # Blocks everything downstream when too few files of a batch are usable images.
@@ -87,7 +87,7 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
         "raw_images_valid_share",
         [gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID], mostly=config.min_valid_share)],
         _gx_root(),
-        _run_name(context),
+        _run_name("valid_image_share", context),
     )
     share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
     what_to_fix = "" if outcome.success else (
@@ -123,7 +123,7 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
             gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
         ],
         _gx_root(),
-        _run_name(context),
+        _run_name("image_bounds", context),
     )
     return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
 
@@ -146,7 +146,7 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
             gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
         ],
         _gx_root(),
-        _run_name(context),
+        _run_name("labels_expected", context),
     )
     return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
 
@@ -163,7 +163,7 @@ def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkRes
     frame = _partition_frame(spark, lake, context.partition_key, valid_only=True)
     outcome = run_suite(
         frame, "raw_images_duplicates", [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")], _gx_root(),
-        _run_name(context),
+        _run_name("no_duplicate_content", context),
     )
     return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
 

@@ -12,12 +12,15 @@ from dgx_assets.lake import Lake
 SUMMARY_COLUMNS = ["path", "label", "size_bytes", "sha256", "format", "width", "height", "mode", "status", "reason", "split"]
 
 
+def dataset(lake: Lake, partition_uri: str) -> ds.Dataset:
+    return ds.dataset(lake.data_files(partition_uri), filesystem=lake.fs, format="parquet")
+
+
 def read_partition_summary(lake: Lake, partition_uri: str):
     """The partition's rows without the image bytes, as a pyarrow Table."""
-    files = lake.data_files(partition_uri)
-    if not files:
+    if not lake.data_files(partition_uri):
         return None
-    return ds.dataset(files, filesystem=lake.fs, format="parquet").to_table(columns=SUMMARY_COLUMNS)
+    return dataset(lake, partition_uri).to_table(columns=SUMMARY_COLUMNS)
 
 
 def summarize(table) -> dict:
