@@ -16,12 +16,15 @@ UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "erni
     owners=["team:data-platform"],
     code_version="1",
     description=(
-        "One self-contained HTML page under <lake>/quality_report/: ingestion per batch, Great Expectations results, "
-        "image statistics with drift, model metrics against baseline and yardsticks, the edge model's parity, "
-        "generated images, the hardware baseline, and a pass/warn/fail verdict from the checks."
+        "One self-contained HTML page, `<lake>/quality_report/report.html`: ingestion per batch, Great Expectations "
+        "results, image statistics with drift and label-balance shift, model metrics against baseline and yardsticks, "
+        "the edge model's parity, generated images with their prompts, the hardware baseline, links to MLflow, "
+        "Dagster and the data docs, and a pass/warn/fail verdict from the checks."
     ),
 )
 def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
+    from dgx_assets import links as urls
+    from dgx_assets import settings
     from dgx_assets.reporting import collect, render  # pyarrow, scipy, matplotlib: only when a report is made
     from dgx_assets.reporting.verdict import decide
 
@@ -39,19 +42,34 @@ def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
         edge=collect.latest_metadata(context.instance, dg.AssetKey("edge_model")),
         generated=collect.generated_images(store),
     )
-    data.statistics, data.drift = collect.image_statistics(store)
+    data.statistics, data.ks = collect.image_statistics(store)
+    data.drift = [row for row in data.ks if row["flagged"]]
+    data.label_balance = collect.label_balance(data.batches)
     run_id = (data.model or {}).get("mlflow_run_id")
     if run_id:
         data.curves, data.hardware = collect.mlflow_details(mlflow.resolved_tracking_uri, run_id)
     present = {"raw_images": data.batches, "image_features": data.statistics, "trained_model": data.model,
                "edge_model": data.edge, "ernie_generated_images": data.generated}
     data.missing = [name for name, value in present.items() if not value]
-    verdict = decide(data.checks, [f"{d['statistic']} of batch {d['batch']} (KS {d['ks']})" for d in data.drift], data.missing)
+    shifts = [f"batch {row['batch']} has {row['share']:.0%} {row['class']} against {row['others_share']:.0%} in the "
+              f"other batches (p {row['p_value']:.1g})" for row in data.label_balance if row["flagged"]]
+    verdict = decide(data.checks, [f"{d['statistic']} of batch {d['batch']} (KS {d['ks']})" for d in data.drift],
+                     data.missing, shifts)
 
-    links = {}
+    # Only addresses a browser opens: MLflow's and Dagster's UIs (DGX_MLFLOW_UI_URL, DGX_DAGSTER_UI_URL), files.
+    dagster_ui = settings.dagster_ui_url()
+    links = {"this report's Dagster run": urls.dagster_run(dagster_ui, context.run_id),
+             "quality_report in Dagster": urls.dagster_asset(dagster_ui, "quality_report")}
     if data.model:
-        links["MLflow run"] = data.model.get("mlflow_run_url") or f"{mlflow.resolved_tracking_uri} run {run_id}"
-        links["model version"] = data.model.get("model_uri", "")
+        model = data.model
+        if model.get("mlflow_experiment_id") and run_id:
+            links["MLflow run of trained_model"] = urls.mlflow_run(mlflow.resolved_ui_url, model["mlflow_experiment_id"], run_id)
+        if model.get("registered_model_name") and model.get("model_version"):
+            links["MLflow model version"] = urls.mlflow_model_version(
+                mlflow.resolved_ui_url, model["registered_model_name"], str(model["model_version"]))
+        links["trained_model in Dagster"] = urls.dagster_asset(dagster_ui, "trained_model")
+    if data.ge_data_docs:
+        links["Great Expectations data docs"] = data.ge_data_docs
     page = render.render_html(data, verdict, links)
     report_uri = store.uri("quality_report", "report.html")
     store.write_bytes(report_uri, page.encode())
@@ -65,6 +83,8 @@ def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
             "summary": dg.MetadataValue.md(render.render_markdown(data, verdict, report_uri)),
             "path": dg.MetadataValue.path(report_uri),
             "checks_evaluated": len(data.checks),
+            **({"mlflow_model_version": dg.MetadataValue.url(links["MLflow model version"])}
+               if "MLflow model version" in links else {}),
         }
     )
 

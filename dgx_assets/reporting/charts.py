@@ -72,20 +72,41 @@ def confusion_heatmap(matrix: list[list[int]], class_names: list[str]) -> bytes:
     axes.set_yticks(range(len(class_names)), class_names)
     axes.set_xlabel("predicted")
     axes.set_ylabel("true")
+    darkest = max((count for row in matrix for count in row), default=0)
     for i, row in enumerate(matrix):
         for j, count in enumerate(row):
-            axes.text(j, i, str(count), ha="center", va="center")
+            # White on the dark cells: black on navy cannot be read.
+            axes.text(j, i, str(count), ha="center", va="center", color="white" if count > darkest / 2 else "black")
     figure.colorbar(image)
     axes.set_title("Confusion matrix (test split)")
     return _png(figure)
 
 
-def training_curves(history: dict[str, list[tuple[int, float]]]) -> bytes:
+def training_curves(history: dict[str, list[tuple[int, float]]], best_epoch: int | None = None) -> bytes:
     figure, axes = _figure()
     for key, points in sorted(history.items()):
         if points:
             axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key)
+    if best_epoch is not None:  # the weights the model keeps (early stopping restores them)
+        axes.axvline(best_epoch, color="#c33", linestyle="--", label=f"best epoch ({best_epoch})")
     axes.set_xlabel("epoch")
     axes.set_title("Training curves")
+    axes.legend(fontsize=8)
+    return _png(figure)
+
+
+def label_shares(batches: dict[str, dict]) -> bytes:
+    """Stacked bars: each batch's share of every class among its valid images."""
+    figure, axes = _figure()
+    names = list(batches)
+    classes = sorted({label for summary in batches.values() for label in summary.get("labels", {})})
+    bottom = [0.0] * len(names)
+    for label in classes:
+        shares = [100 * batches[n]["labels"].get(label, 0) / max(1, sum(batches[n]["labels"].values())) for n in names]
+        bars = axes.bar(names, shares, bottom=bottom, label=label)
+        axes.bar_label(bars, labels=[f"{v:.0f} %" for v in shares], label_type="center", fontsize=8)
+        bottom = [b + v for b, v in zip(bottom, shares)]
+    axes.set_ylabel("share of valid images (%)")
+    axes.set_title("Label balance per batch")
     axes.legend(fontsize=8)
     return _png(figure)

@@ -19,6 +19,8 @@ from dgx_assets.reporting.verdict import CheckOutcome
 IMAGE_STATISTICS = ("brightness", "contrast", "sharpness")
 DRIFT_KS_LIMIT = 0.3  # two-sample Kolmogorov-Smirnov statistic above which a batch is flagged
 DRIFT_P_VALUE = 0.01
+LABEL_SHIFT_POINTS = 10.0  # a batch's class share this many points away from the other batches' ...
+LABEL_SHIFT_P_VALUE = 0.01  # ... and a chi-square test that says it is no chance: the label balance shifted
 
 
 @dataclass
@@ -27,7 +29,9 @@ class ReportData:
     checks: list[CheckOutcome] = field(default_factory=list)
     ge_data_docs: str | None = None
     statistics: dict[str, dict] = field(default_factory=dict)  # name -> {"reference": [...], "per_batch": {...}}
-    drift: list[dict] = field(default_factory=list)
+    drift: list[dict] = field(default_factory=list)  # the flagged rows of `ks`
+    ks: list[dict] = field(default_factory=list)  # every batch and statistic against the training data
+    label_balance: list[dict] = field(default_factory=list)  # every batch's class shares against the other batches
     model: dict | None = None  # trained_model's model_info.json
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     hardware: dict | None = None
@@ -67,6 +71,8 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
                     passed=bool(evaluation.passed),
                     severity=evaluation.severity.value,
                     summary=str(summary),
+                    blocking=bool(getattr(evaluation, "blocking", False)),
+                    great_expectations="ge_statistics" in metadata,
                 )
             )
     return outcomes
@@ -83,7 +89,8 @@ def data_docs_url(instance, check_keys) -> str | None:
 
 
 def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
-    """Per-batch image statistics from image_features, and the batches that drifted from the training data."""
+    """Per-batch image statistics from image_features, and each batch's KS test against the training data
+    (`flagged` when it drifted)."""
     from scipy.stats import ks_2samp
 
     files = lake.data_files(lake.asset_uri("image_features"))
@@ -93,7 +100,7 @@ def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
     dataset = ds.dataset(files, filesystem=lake.fs, format="parquet", partitioning="hive", partition_base_dir=base)
     rows = dataset.to_table(columns=["batch", "split", *IMAGE_STATISTICS]).to_pydict()
     batches = [str(batch) for batch in rows["batch"]]
-    statistics, drift = {}, []
+    statistics, tests = {}, []
     for name in IMAGE_STATISTICS:
         reference = [v for v, split in zip(rows[name], rows["split"]) if split == "train" and v is not None]
         per_batch: dict[str, list[float]] = {}
@@ -105,10 +112,39 @@ def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
             if len(values) < 5 or len(reference) < 5:
                 continue
             result = ks_2samp(values, reference)
-            if result.statistic > DRIFT_KS_LIMIT and result.pvalue < DRIFT_P_VALUE:
-                drift.append({"batch": batch, "statistic": name, "ks": round(float(result.statistic), 3),
-                              "p_value": float(result.pvalue)})
-    return statistics, drift
+            tests.append({"batch": batch, "statistic": name, "ks": round(float(result.statistic), 3),
+                          "p_value": float(result.pvalue),
+                          "flagged": bool(result.statistic > DRIFT_KS_LIMIT and result.pvalue < DRIFT_P_VALUE)})
+    return statistics, tests
+
+
+def label_balance(batches: dict[str, dict]) -> list[dict]:
+    """Each batch's class shares (valid images) against the other batches pooled; `flagged` when a share is
+    LABEL_SHIFT_POINTS or more away and a chi-square test of the 2 x classes table gives p < LABEL_SHIFT_P_VALUE.
+
+    A model trained on one balance and run on another is miscalibrated even when every image looks the same.
+    """
+    from scipy.stats import chi2_contingency
+
+    classes = sorted({label for summary in batches.values() for label in summary.get("labels", {})})
+    rows = []
+    if len(batches) < 2 or len(classes) < 2:
+        return rows
+    for batch, summary in batches.items():
+        mine = [summary["labels"].get(c, 0) for c in classes]
+        rest = [sum(other["labels"].get(c, 0) for name, other in batches.items() if name != batch) for c in classes]
+        if not sum(mine) or not sum(rest):
+            continue
+        shares = {c: n / sum(mine) for c, n in zip(classes, mine)}
+        others = {c: n / sum(rest) for c, n in zip(classes, rest)}
+        gap_class = max(classes, key=lambda c: abs(shares[c] - others[c]))
+        kept = [i for i in range(len(classes)) if mine[i] + rest[i] > 0]  # a class no batch has tests nothing
+        p_value = float(chi2_contingency([[mine[i] for i in kept], [rest[i] for i in kept]])[1]) if len(kept) > 1 else 1.0
+        points = (shares[gap_class] - others[gap_class]) * 100
+        rows.append({"batch": batch, "shares": shares, "class": gap_class, "share": shares[gap_class],
+                     "others_share": others[gap_class], "points": round(points, 1), "p_value": p_value,
+                     "flagged": abs(points) >= LABEL_SHIFT_POINTS and p_value < LABEL_SHIFT_P_VALUE})
+    return rows
 
 
 def model_info(lake: Lake) -> dict | None:
@@ -144,6 +180,7 @@ def latest_metadata(instance, asset_key) -> dict | None:
 
 
 def generated_images(lake: Lake, samples_per_label: int = 6) -> dict | None:
+    """Status counts and, per label, sample images with the prompt that made each (`(png, prompt)` pairs)."""
     dataset = generate.written_dataset(lake, lake.asset_uri("ernie_generated_images"))
     if dataset is None:
         return None
@@ -153,13 +190,14 @@ def generated_images(lake: Lake, samples_per_label: int = 6) -> dict | None:
     for status in summary.get("status", []):
         counts[status] = counts.get(status, 0) + 1
     image_column = next((c for c in ("image", "image_bytes", "png", "content") if c in columns), None)
-    samples: dict[str, list[bytes]] = {}
+    samples: dict[str, list[tuple[bytes, str]]] = {}
     if image_column and "label" in columns:
-        for batch in dataset.to_batches(columns=["label", "status", image_column], batch_size=64):
+        wanted = ["label", "status", image_column] + [c for c in ("prompt",) if c in columns]
+        for batch in dataset.to_batches(columns=wanted, batch_size=64):
             for row in batch.to_pylist():
                 label = row["label"] or "(no label)"
                 if row["status"] == "valid" and row[image_column] and len(samples.setdefault(label, [])) < samples_per_label:
-                    samples[label].append(row[image_column])
+                    samples[label].append((row[image_column], row.get("prompt") or ""))
             if samples and all(len(v) >= samples_per_label for v in samples.values()):
                 break
     return {"status_counts": dict(sorted(counts.items())), "samples": samples, "rows": len(summary.get("status", []))}

@@ -12,7 +12,9 @@ class CheckOutcome:
     partition: str | None
     passed: bool
     severity: str  # "ERROR" blocks downstream; "WARN" does not
-    summary: str = ""
+    summary: str = ""  # what to fix when failed, what it found when passed
+    blocking: bool = False  # a blocking check holds back what follows it when it fails
+    great_expectations: bool = False  # a Great Expectations suite made the result
 
     @property
     def where(self) -> str:
@@ -25,16 +27,18 @@ class Verdict:
     reasons: list[str]
 
 
-def decide(checks: list[CheckOutcome], drifted: list[str], missing: list[str]) -> Verdict:
-    """fail: a blocking (ERROR) check failed. warn: a warning check failed, drift, or an asset not built yet."""
+def decide(checks: list[CheckOutcome], drifted: list[str], missing: list[str], label_shifts: list[str] = ()) -> Verdict:
+    """fail: a blocking (ERROR) check failed. warn: a warning check failed, drift (image statistics or label
+    balance), or an asset not built yet."""
     failed = [c for c in checks if not c.passed and c.severity == "ERROR"]
     warned = [c for c in checks if not c.passed and c.severity != "ERROR"]
     reasons = [f"blocking check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in failed]
     reasons += [f"warning check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in warned]
     reasons += [f"image statistics drifted: {d}" for d in drifted]
+    reasons += [f"label balance shifted: {shift}" for shift in label_shifts]
     reasons += [f"{asset} has not been materialized" for asset in missing]
     if failed:
         return Verdict("fail", reasons)
     if reasons:
         return Verdict("warn", reasons)
-    return Verdict("pass", [f"all {len(checks)} check results passed, no drift, every asset present"])
+    return Verdict("pass", [f"all {len(checks)} check results passed, no drift or label shift, every asset present"])

@@ -510,6 +510,16 @@ def _log_model(mlflow: Any, result: TrainingResult, model_name: str, step: int =
     )
 
 
+def hunted_class(names: list[str], labels: Any) -> int:
+    """The class an inspector looks for, whose ROC curve a two-class model shows: `defective` when there is
+    one, else the rarer class of the test labels."""
+    import numpy as np
+
+    if "defective" in names:
+        return names.index("defective")
+    return int(np.argmin(np.bincount(np.asarray(labels, dtype=int), minlength=len(names))))
+
+
 def _figures(result: TrainingResult) -> dict[str, Any]:
     """Confusion matrix, training curves and ROC curve(s) as matplotlib figures (no pyplot state)."""
     import numpy as np
@@ -536,6 +546,8 @@ def _figures(result: TrainingResult) -> dict[str, Any]:
         for prefix in ("", "val_"):
             if prefix + key in result.history:
                 ax.plot(result.epochs, result.history[prefix + key], marker="o", label=prefix + key)
+        if result.best_epoch is not None:  # the weights the model keeps
+            ax.axvline(result.best_epoch, color="#c33", linestyle="--", label=f"best epoch ({result.best_epoch})")
         ax.set_xlabel("epoch")
         ax.set_title(key)
         ax.legend()
@@ -543,8 +555,8 @@ def _figures(result: TrainingResult) -> dict[str, Any]:
 
     roc = Figure(figsize=(4.5, 4))
     ax = roc.subplots()
-    for i, name in enumerate(names if len(names) > 2 else names[1:]):
-        truth = result.test.labels == i
+    for i in range(len(names)) if len(names) > 2 else [hunted_class(names, result.test.labels)]:
+        name, truth = names[i], result.test.labels == i
         if truth.any() and not truth.all():
             fpr, tpr, _ = roc_curve(truth, result.test.probabilities[:, i])
             ax.plot(fpr, tpr, label=name)

@@ -68,3 +68,10 @@ def test_logged_model_carries_the_final_test_metrics(tracked):
     assert linked["test_accuracy"] == pytest.approx(result.training.test.metrics["accuracy"])
     assert "accuracy" not in linked and "loss" not in linked  # no epoch's training metrics
     assert "training_seconds" in linked
+
+
+def test_roc_curve_is_drawn_for_the_class_an_inspector_hunts():
+    from dgx_assets.training.tracking import hunted_class
+
+    assert hunted_class(["defective", "functional"], [1, 1, 0]) == 0
+    assert hunted_class(["good", "scratched"], [0, 0, 0, 1]) == 1  # no `defective`: the rarer class
