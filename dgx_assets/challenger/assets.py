@@ -40,7 +40,7 @@ class ChallengerModelConfig(dg.Config):
         "one XGBoost worker per Spark task (the GPU hist method when executors have GPUs), on trained_model's "
         "splits (train to fit, validation for early stopping, test to report). One MLflow run with the same "
         "lineage as trained_model; registered under its own name with the alias `challenger`; "
-        "<lake>/challenger_model/model_info.json for the report."
+        "`<lake>/challenger_model/model_info.json` for the report."
     ),
 )
 def challenger_model(context: dg.AssetExecutionContext, config: ChallengerModelConfig, spark: SparkResource,

@@ -3,6 +3,8 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from dgx_assets import links
+from dgx_assets.metadata import number
 from dgx_assets.resources import LakeResource, MlflowResource
 
 EDGE_OWNERS = ["team:ml-platform"]
@@ -49,26 +51,29 @@ def edge_model(context: dg.AssetExecutionContext, config: EdgeModelConfig, lake:
         raise dg.Failure(description=str(error)) from error
     report, spec = result.report, result.spec
     run_url = result.info.get("mlflow_run_url")
+    version_url = links.mlflow_model_version(mlflow.resolved_ui_url, result.info["registered_model_name"],
+                                             str(result.info["model_version"]))
     return dg.MaterializeResult(
         metadata={
             **({"mlflow_run": dg.MetadataValue.url(run_url)} if run_url else {}),
+            "mlflow_model_version": dg.MetadataValue.url(version_url),
             "path": dg.MetadataValue.path(result.uri),
             "quantization": report.quantization,
             "raw_input": f"uint8 {spec.input_shape} ({spec.signature}/{spec.input_name}), decoded pixels",
             "model_input": dg.MetadataValue.json(spec.model_input_shape),
             "tflite_size_bytes": report.tflite_size_bytes,
             "keras_size_bytes": report.keras_size_bytes,
-            "size_ratio": report.size_ratio,
+            "size_ratio": number(report.size_ratio),
             "test_images": report.images,
-            "top1_agreement": report.top1_agreement,
+            "top1_agreement": number(report.top1_agreement),
             "disagreements": report.disagreements,
             "disagreements_near_boundary": report.disagreements_near_boundary,
-            "max_probability_difference": report.max_probability_difference,
-            "tflite_test_accuracy": report.tflite_accuracy,
-            "keras_test_accuracy": report.keras_accuracy,
-            "tflite_latency_ms": report.tflite_latency_ms,
-            "keras_latency_ms": report.keras_latency_ms,
-            "latency_ratio": report.latency_ratio,
+            "max_probability_difference": number(report.max_probability_difference),
+            "tflite_test_accuracy": number(report.tflite_accuracy),
+            "keras_test_accuracy": number(report.keras_accuracy),
+            "tflite_latency_ms": number(report.tflite_latency_ms, 3),
+            "keras_latency_ms": number(report.keras_latency_ms, 3),
+            "latency_ratio": number(report.latency_ratio),
             "feature_source": result.data.feature_source,
             "skipped_test_images": dg.MetadataValue.json(result.data.skipped),
             "triton_config": dg.MetadataValue.md(f"```\n{result.triton_config}```"),

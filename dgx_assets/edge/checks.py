@@ -1,6 +1,7 @@
 import dagster as dg
 from pydantic import Field
 
+from dgx_assets.metadata import number
 from dgx_assets.resources import LakeResource, MlflowResource
 
 TRAINED_MODEL = dg.AssetKey("trained_model")
@@ -94,11 +95,11 @@ def edge_model_parity(context: dg.AssetCheckExecutionContext, config: ParityGate
                      "trained_model longer, then re-materialize edge_model") if not gate.passed
         else "edge model agrees with trained_model",
         metadata={
-            "top1_agreement": report.top1_agreement,
+            "top1_agreement": number(report.top1_agreement),
             "min_agreement": config.min_agreement,
-            "tflite_test_accuracy": report.tflite_accuracy,
-            "keras_test_accuracy": report.keras_accuracy,
-            "accuracy_drop_points": (report.keras_accuracy - report.tflite_accuracy) * 100,
+            "tflite_test_accuracy": number(report.tflite_accuracy),
+            "keras_test_accuracy": number(report.keras_accuracy),
+            "accuracy_drop_points": number((report.keras_accuracy - report.tflite_accuracy) * 100, 2),
             "max_accuracy_drop_points": config.max_accuracy_drop_points,
             "test_images": report.images,
             "trained_model_gate": gates[0].detail,

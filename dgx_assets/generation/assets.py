@@ -9,6 +9,7 @@ from typing import Optional
 
 import dagster as dg
 
+from dgx_assets import metadata as ui
 from dgx_assets.generation import generate
 from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.resources import LakeResource
@@ -19,6 +20,17 @@ from dgx_assets.spark.resource import SparkResource
 ASSET_KEY = "ernie_generated_images"
 ASSET_OWNERS = ["team:generative-inspection"]
 PREVIEW_COLUMNS = ["id", "status", "truncated", "attempts", "endpoint", "latency_s", "file_name", "error"]
+# What the main columns mean, for the column schema the UI shows (others are listed with their type only).
+COLUMN_DESCRIPTIONS = {
+    "id": "the prompt's id (row-<hash of its request> when the prompts table gives none)",
+    "prompt": "the text sent to ERNIE-Image",
+    "label": "the class the image is meant to show",
+    "status": "valid, corrupted, decode_error, failed, bad_reply, rejected or invalid_prompt",
+    "error": "why, when status is not valid",
+    "endpoint": "the serving endpoint that answered",
+    "file_name": "the PNG under png/",
+    "content": "the PNG bytes (valid rows)",
+}
 
 
 class ErnieGenerationConfig(dg.Config):
@@ -99,6 +111,7 @@ def ernie_generated_images(
     reused = prompt_count - pending
     metadata = {
         "dagster/row_count": summary["prompts"],
+        ui.COLUMN_SCHEMA: ui.column_schema(written.schema, COLUMN_DESCRIPTIONS),
         "status_counts": dg.MetadataValue.json(summary["status_counts"]),
         "valid_share": round(summary["valid_share"], 4),
         "invalid_prompts": summary["invalid_prompts"],

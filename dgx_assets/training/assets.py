@@ -9,6 +9,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from dgx_assets import metadata
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
@@ -17,6 +18,24 @@ TRAINING_OWNERS = ["team:ml-platform"]
 TRAINING_GROUP = "training"
 FEATURES_CODE_VERSION = "1"
 TRAINED_MODEL_CODE_VERSION = "1"
+# What each image_features column means, for the column schema the UI shows.
+IMAGE_FEATURES_COLUMNS = {
+    "sha256": "content hash of the source image (its id)",
+    "path": "the source file in the landing zone",
+    "label": "class",
+    "split": "train / validation / test",
+    "source_width": "pixels of the source image",
+    "source_height": "pixels of the source image",
+    "tensor": "model input as uint8 bytes, row-major (height, width, channels)",
+    "tensor_shape": "[height, width, channels] of `tensor`",
+    "brightness": "mean grey level, 0..1",
+    "contrast": "RMS contrast (standard deviation of the grey level), 0..1",
+    "sharpness": "variance of the Laplacian of the grey level",
+    "embedding": "pretrained backbone features (null when no embedding is configured)",
+    "feature_status": "`ok` or `error`",
+    "feature_error": "why, when feature_status is `error`",
+    "feature_device": "where it was computed (gpu:<address> or cpu)",
+}
 
 
 def _gpu_op_tags() -> dict:
@@ -102,9 +121,11 @@ def image_features(
             "failed_rows": summary.failed_rows,
             "tensor_shape": dg.MetadataValue.json(summary.tensor_shape),
             "devices": dg.MetadataValue.json(summary.devices),
-            "label_counts": dg.MetadataValue.json(overview["labels"]),
-            "split_counts": dg.MetadataValue.json(overview["splits"]),
-            "image_statistics": dg.MetadataValue.json(overview["statistics"]),
+            metadata.COLUMN_SCHEMA: metadata.column_schema(overview["schema"], IMAGE_FEATURES_COLUMNS),
+            "label_counts": metadata.counts(overview["labels"], "label", "images"),
+            "split_counts": metadata.counts(overview["splits"], "split", "images"),
+            "image_statistics": metadata.table(
+                ["statistic", "mean", "std"], [[name, v["mean"], v["std"]] for name, v in overview["statistics"].items()]),
             "embedding": config.embedding_model or "none",
             "path": dg.MetadataValue.path(final),
         }
@@ -117,12 +138,12 @@ def _feature_overview(store, uri: str) -> dict:
 
     import pyarrow.dataset as pads
 
-    table = pads.dataset(store.data_files(uri), filesystem=store.fs, format="parquet").to_table(
-        columns=["label", "split", "feature_status", "brightness", "contrast", "sharpness"]
-    )
+    dataset = pads.dataset(store.data_files(uri), filesystem=store.fs, format="parquet")
+    table = dataset.to_table(columns=["label", "split", "feature_status", "brightness", "contrast", "sharpness"])
     frame = table.to_pandas()
     ok = frame[frame["feature_status"] == "ok"]
     return {
+        "schema": dataset.schema,
         "labels": dict(sorted(Counter(ok["label"]).items())),
         "splits": dict(sorted(Counter(ok["split"]).items())),
         "statistics": {
@@ -167,7 +188,7 @@ class TrainedModelConfig(dg.Config):
     description=(
         "A Keras defect classifier trained on all image_features batches (MirroredStrategy over the visible GPUs, "
         "one CPU replica otherwise; early stopping on the validation split; resumable checkpoints) and evaluated "
-        "on the test split. Writes <lake>/trained_model/model.keras (float32 pixels 0..255 in, softmax out) and "
+        "on the test split. Writes `<lake>/trained_model/model.keras` (float32 pixels 0..255 in, softmax out) and "
         "model_info.json; one MLflow run with datasets, metrics, plots and hardware baseline; the registered "
         "version gets the alias `candidate`."
     ),
@@ -188,7 +209,8 @@ def trained_model(
     paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
     if not paths:
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
-    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, mlflow.registered_model_name)
+    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, mlflow.registered_model_name,
+                              ui_url=mlflow.resolved_ui_url, dagster_ui_url=settings.dagster_ui_url())
     lineage = DagsterLineage(
         run_id=context.run_id, asset_key=context.asset_key.to_user_string(), partition_keys=tuple(partitions),
         code_version=TRAINED_MODEL_CODE_VERSION, job_name=context.job_name,
@@ -205,28 +227,31 @@ def trained_model(
 
     info = model_info(tracked, tracking.tracking_uri, store, partitions)
     folder = write_model_outputs(store, tracked, info)
+    from dgx_assets import links
+
     metrics = tracked.training.test.metrics
+    version_url = links.mlflow_model_version(tracking.ui_url, tracked.model_name, tracked.model_version)
     return dg.MaterializeResult(
         metadata={
             **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+            "mlflow_model_version": dg.MetadataValue.url(version_url),
             "mlflow_run_id": tracked.run_id,
             "mlflow_tracking_uri": tracking.tracking_uri,
             "model_version": f"{tracked.model_name} v{tracked.model_version} (alias candidate)",
             "model_uri": tracked.model_uri,
-            "test_accuracy": metrics["accuracy"],
-            "majority_baseline_accuracy": metrics["majority_baseline_accuracy"],
-            "test_roc_auc": metrics["roc_auc"],
-            "test_macro_f1": metrics["macro_f1"],
-            "confusion_matrix": dg.MetadataValue.json(
-                {"classes": tracked.training.class_names, "rows_true_columns_predicted": tracked.training.test.confusion_matrix}
-            ),
+            "test_accuracy": metadata.number(metrics["accuracy"]),
+            "majority_baseline_accuracy": metadata.number(metrics["majority_baseline_accuracy"]),
+            "test_roc_auc": metadata.number(metrics["roc_auc"]),
+            "test_macro_f1": metadata.number(metrics["macro_f1"]),
+            "confusion_matrix": metadata.confusion(tracked.training.test.confusion_matrix, tracked.training.class_names),
             "epochs_run": len(tracked.training.epochs),
+            "best_epoch": tracked.training.best_epoch,
             "resumed_from_epoch": tracked.training.resumed_from_epoch,
             "training_seconds": round(tracked.training.seconds, 1),
             "hardware": f"{tracked.hardware['kind']}: "
             + ("; ".join(tracked.hardware["gpus"]) or f"{tracked.hardware['cpu_model']} x{tracked.hardware['cpu_cores']}"),
             "strategy": f"{tracked.training.strategy} x{tracked.training.replicas} ({tracked.training.precision_policy})",
-            "partitions": dg.MetadataValue.json(partitions),
+            "partitions": ", ".join(partitions),
             "data_digest": tracked.data_digest,
             "path": dg.MetadataValue.path(folder),
         }

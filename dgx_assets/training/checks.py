@@ -5,6 +5,7 @@ import dataclasses
 import dagster as dg
 from pydantic import Field
 
+from dgx_assets.metadata import number
 from dgx_assets.resources import LakeResource, MlflowResource
 
 
@@ -75,8 +76,8 @@ def beats_baseline_and_champion(
         description="; ".join(verdict.reasons),
         metadata={
             "model_version": f"{info['registered_model_name']} v{info['model_version']}",
-            "test_accuracy": metrics["accuracy"],
-            "majority_baseline_accuracy": metrics["majority_baseline_accuracy"],
+            "test_accuracy": number(metrics["accuracy"]),
+            "majority_baseline_accuracy": number(metrics["majority_baseline_accuracy"]),
             "champion": f"v{champion[0]} ({champion[1]:.4f})" if champion else "none",
         },
     )
