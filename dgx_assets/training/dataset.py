@@ -145,6 +145,27 @@ def make_dataset(
     return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
+def read_embeddings(
+    files: FeatureFiles, index: FeatureIndex, split: str, sample_rows: int = 4
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(embeddings [rows, dims] float32, class indices, the first ``sample_rows`` tensors) of ``split``,
+    or None when image_features was built without embeddings. Small: 1,280 floats per image."""
+    names = files.dataset().schema.names
+    if "embedding" not in names:
+        return None
+    scan_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
+    table = files.dataset().to_table(columns=["embedding", "label"], filter=scan_filter)
+    embeddings = table.column("embedding")
+    if len(embeddings) == 0 or embeddings.null_count:
+        return None
+    flat = pc.list_flatten(embeddings).to_numpy(zero_copy_only=False).astype(np.float32)
+    vectors = flat.reshape(len(embeddings), -1)
+    labels = _label_ids(table.column("label").combine_chunks(), pa.array(index.class_names, pa.string()))
+    head = files.dataset().head(sample_rows, columns=["tensor"], filter=scan_filter).column("tensor")
+    sample = _pixel_block(head.combine_chunks(), index.tensor_shape)
+    return vectors, labels, sample
+
+
 def model_input_step(shape: tuple[int, int, int], augment: bool, seed: int):
     """(uint8 image, label) -> (float32 image, label), with the training augmentation when `augment`.
 

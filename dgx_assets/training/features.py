@@ -57,14 +57,23 @@ class FeatureConfigError(ValueError):
     """A feature setting is wrong; the message names the setting."""
 
 
+NO_EMBEDDING = "none"
+
+
 @dataclasses.dataclass(frozen=True)
 class FeatureConfig:
-    image_height: int = 128
-    image_width: int = 128
-    channels: int = 1  # 1: grey, 3: RGB
+    # 224 px: the resolution EfficientNet-Lite0 was trained at on ImageNet
+    image_height: int = 224
+    image_width: int = 224
+    channels: int = 1  # 1: grey (repeated to RGB inside pretrained backbones), 3: RGB
     batch_rows: int = 64  # rows per Arrow batch handed to TensorFlow
-    embedding_model: str | None = None  # local .keras classifier or backbone weights file
-    embedding_backbone: str = "mobilenet_small"  # architecture, when embedding_model is a weights file
+    # "efficientnet_lite0": the packaged ImageNet backbone; "none"; or a local file: a .keras classifier
+    # (cut at its pooled features) or EfficientNet-Lite0 weights (.pth)
+    embedding: str = "efficientnet_lite0"
+
+    @property
+    def embeds(self) -> bool:
+        return self.embedding != NO_EMBEDDING
 
     @property
     def tensor_shape(self) -> tuple[int, int, int]:
@@ -125,7 +134,7 @@ def compute_features(
     if decoded:
         batch = tf.stack(decoded)
         stats[ok] = _image_statistics(tf, batch)
-        if config.embedding_model:
+        if config.embeds:
             model = _embedding_model(config)
             vectors = model(tf.cast(batch, tf.float32), training=False).numpy()
             for index, vector in zip(np.flatnonzero(ok), vectors):
@@ -318,10 +327,15 @@ def _embedding_model(config: FeatureConfig) -> Any:
     """Loaded once per Python worker and reused by every batch and task it serves."""
     from dgx_assets.training.model import load_embedding_model
 
-    key = (config.embedding_model, config.embedding_backbone, config.tensor_shape)
+    key = (config.embedding, config.tensor_shape)
     with _EMBEDDING_LOCK:
         if key not in _EMBEDDING_MODELS:
-            _EMBEDDING_MODELS[key] = load_embedding_model(
-                config.embedding_model, config.tensor_shape, backbone=config.embedding_backbone
-            )
+            _EMBEDDING_MODELS[key] = _compiled(load_embedding_model(config.embedding, config.tensor_shape))
         return _EMBEDDING_MODELS[key]
+
+
+def _compiled(model: Any) -> Any:
+    """The model as one traced graph per batch shape: Keras' eager call dispatches every layer from Python."""
+    import tensorflow as tf
+
+    return tf.function(lambda images, training=False: model(images, training=False), reduce_retracing=True)

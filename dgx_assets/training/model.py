@@ -3,6 +3,10 @@
 The saved model takes float32 pixel values 0..255 of shape (H, W, C) and does its own rescaling, so the
 edge model and any caller feed raw pixels. Only standard Keras layers and ops are used: the ``.keras``
 file loads with plain ``keras.models.load_model`` and converts to TFLite without our code installed.
+
+The default backbone is ImageNet EfficientNet-Lite0 (``dgx_assets.backbones``), fine-tuned from block
+``trainable_from_block`` up; the blocks below it and every batch normalisation stay frozen, as in
+Keras' transfer-learning recipe (a few thousand images cannot re-estimate ImageNet's statistics).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ INPUT_NAME = "pixels"
 EMBEDDING_LAYER = "embedding"
 OUTPUT_NAME = "probabilities"
 
-# name -> (needs three channels, description). mobilenet_small trains from scratch on a laptop CPU in
+# name -> (needs three channels, description). scratch trains a small CNN from nothing on a laptop CPU in
 # minutes; resnet50 / mobilenet_v2 are Keras applications for DGX runs, optionally from a weights file.
+EFFICIENTNET_LITE0 = "efficientnet_lite0"
+SCRATCH = "scratch"
 BACKBONES = {
-    "mobilenet_small": (False, "small MobileNet-style depthwise-separable network (default, CPU-friendly)"),
+    EFFICIENTNET_LITE0: (True, "ImageNet EfficientNet-Lite0, fine-tuned (default; int8-friendly)"),
+    SCRATCH: (False, "small MobileNet-style depthwise-separable network trained from scratch (CPU-friendly)"),
     "mobilenet_v2": (True, "keras.applications.MobileNetV2"),
     "resnet50": (True, "keras.applications.ResNet50"),
 }
@@ -39,10 +46,21 @@ class ModelConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    backbone: str = "mobilenet_small"
-    weights_path: str | None = None  # backbone weights file (.h5 / .weights.h5); None: from scratch
+    backbone: str = EFFICIENTNET_LITE0
+    # Backbone weights file: efficientnet_lite0 a PyTorch state dict (.pth; None: the packaged ImageNet
+    # weights), the others a Keras weights file (.h5 / .weights.h5; None: from scratch).
+    weights_path: str | None = None
     dropout: float = 0.2
-    width: int = 48  # mobilenet_small: filters of the first block, doubled per stage
+    width: int = 48  # scratch: filters of the first block, doubled per stage
+    trainable_from_block: int = 9  # efficientnet_lite0: blocks below this (of 16) stay frozen
+
+    def pretrained_weights(self) -> Any:
+        """Lineage of the efficientnet_lite0 weights this config loads (package, version, sha256)."""
+        from dgx_assets.backbones import efficientnet_lite
+
+        if self.weights_path:
+            return efficientnet_lite.weights_file(self.weights_path)
+        return efficientnet_lite.packaged_weights()
 
     def validate(self) -> None:
         if self.backbone not in BACKBONES:
@@ -57,6 +75,11 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ModelConfigError(f"dropout {self.dropout} (setting 'dropout') must be in [0, 1)")
+        if not 0 <= self.trainable_from_block <= 16:
+            raise ModelConfigError(
+                f"trainable_from_block {self.trainable_from_block} (setting 'trainable_from_block') must be 0..16 "
+                "(16: only the head is trained)"
+            )
 
 
 def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> Any:
@@ -64,11 +87,13 @@ def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> An
     import keras
 
     config.validate()
-    if config.backbone == "mobilenet_small":
+    if config.backbone == SCRATCH:
         backbone = _mobilenet_small(input_shape, config.width)
         if config.weights_path:
             backbone.load_weights(config.weights_path)
         return backbone
+    if config.backbone == EFFICIENTNET_LITE0:
+        return _fine_tunable_lite0(config, input_shape)
     application = {
         "mobilenet_v2": keras.applications.MobileNetV2,
         "resnet50": keras.applications.ResNet50,
@@ -114,15 +139,17 @@ def embedding_model(classifier: Any) -> Any:
     return keras.Model(classifier.inputs, classifier.get_layer(EMBEDDING_LAYER).output)
 
 
-def load_embedding_model(
-    source: str, input_shape: tuple[int, int, int], backbone: str = "mobilenet_small"
-) -> Any:
-    """An embedding model from a saved classifier (``.keras``) or from backbone weights."""
+def load_embedding_model(source: str, input_shape: tuple[int, int, int]) -> Any:
+    """An embedding model: ``efficientnet_lite0`` (the packaged ImageNet weights), a saved classifier
+    (``.keras``, cut at its pooled features) or an EfficientNet-Lite0 weights file (``.pth``)."""
     import keras
 
+    if source == EFFICIENTNET_LITE0:
+        return embedding_model(build_classifier(ModelConfig(dropout=0.0), input_shape, num_classes=2))
     if not os.path.isfile(source):
         raise ModelConfigError(
-            f"embedding model file {source!r} (setting 'embedding_model') does not exist"
+            f"embedding model file {source!r} (setting 'embedding') does not exist: give efficientnet_lite0, none, "
+            "or a local .keras or .pth file present on every executor"
         )
     if source.endswith(".keras"):
         model = keras.models.load_model(source, compile=False)
@@ -132,7 +159,7 @@ def load_embedding_model(
                 f"features are {tuple(input_shape)}: match image_size/channels to the model"
             )
         return embedding_model(model)
-    config = ModelConfig(backbone=backbone, weights_path=source, dropout=0.0)
+    config = ModelConfig(weights_path=source, dropout=0.0)
     return embedding_model(build_classifier(config, input_shape, num_classes=2))
 
 
@@ -145,8 +172,26 @@ def _preprocessing(backbone: str, x: Any) -> Any:
         return keras.layers.Normalization(
             mean=list(_CAFFE_BGR_MEAN), variance=[1.0, 1.0, 1.0], name="caffe_preprocessing"
         )(x)
+    if backbone == EFFICIENTNET_LITE0:
+        from dgx_assets.backbones.efficientnet_lite import INPUT_MEAN, INPUT_STD
+
+        return keras.layers.Rescaling(1.0 / INPUT_STD, offset=-INPUT_MEAN / INPUT_STD, name="rescale")(x)
     # MobileNets: scale 0..255 to -1..1.
     return keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="rescale")(x)
+
+
+def _fine_tunable_lite0(config: ModelConfig, input_shape: tuple[int, int, int]) -> Any:
+    """Pretrained Lite0 (feature map out) with blocks below ``trainable_from_block`` and all batch
+    normalisation frozen; a frozen BatchNormalization runs in inference mode in Keras 3."""
+    from dgx_assets.backbones import efficientnet_lite
+
+    backbone = efficientnet_lite.pretrained_lite0(config.pretrained_weights(), input_shape)
+    first_trainable = efficientnet_lite.block_name(config.trainable_from_block)
+    trainable = False
+    for layer in backbone.layers:
+        trainable = trainable or layer.name.startswith((first_trainable, "head_"))
+        layer.trainable = trainable and type(layer).__name__ != "BatchNormalization"
+    return backbone
 
 
 def _mobilenet_small(input_shape: tuple[int, int, int], width: int) -> Any:

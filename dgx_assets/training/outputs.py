@@ -53,6 +53,8 @@ def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_k
         "model_version": tracked.model_version,
         "model_alias": CANDIDATE_ALIAS,
         "model_uri": tracked.model_uri,
+        "backbone": tracked.backbone,
+        "pretrained_weights": tracked.pretrained_weights,
         "test_metrics": {k: (v if math.isfinite(v) else None) for k, v in result.test.metrics.items()},
         "confusion_matrix": result.test.confusion_matrix,
         "feature_files": feature_uris,

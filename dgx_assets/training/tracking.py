@@ -78,6 +78,8 @@ class TrackedModel:
     data_digest: str
     files: list[FileEntry]
     hardware: dict[str, Any]
+    backbone: str
+    pretrained_weights: dict[str, str]  # pretrained_weights_params(); empty when trained from scratch
 
 
 # --- settings ---------------------------------------------------------------------------------------
@@ -364,7 +366,11 @@ def train_and_track(
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         run_id = run.info.run_id
         say(f"MLflow run {run_id} in experiment {tracking.experiment_name!r}")
-        mlflow.log_params({key: ("" if value is None else value) for key, value in dataclasses.asdict(config).items()})
+        resolved = config.resolved()
+        mlflow.log_params({key: ("" if value is None else value) for key, value in dataclasses.asdict(resolved).items()})
+        weights = pretrained_weights_params(resolved)
+        if weights:
+            mlflow.log_params(weights)
         mlflow.log_dict(hardware, "hardware/baseline.json")
         if hardware.get("nvidia_smi_query"):
             mlflow.log_text(hardware["nvidia_smi_query"], "hardware/nvidia-smi-q.txt")
@@ -393,6 +399,8 @@ def train_and_track(
 
         result = train_classifier(files, config, checkpoint_dir, on_epoch_end=log_epoch, index=index)
 
+        if result.head_warm_start is not None:
+            mlflow.set_tag("dgx.head_warm_start", result.head_warm_start.reason)
         mlflow.log_params(result.params | {"global_batch_size": config.batch_size * result.replicas,
                                            "train_images": index.rows("train"),
                                            "validation_images": index.rows("validation"),
@@ -432,7 +440,24 @@ def train_and_track(
         data_digest=data_digest,
         files=entries,
         hardware=hardware,
+        backbone=resolved.backbone,
+        pretrained_weights=weights,
     )
+
+
+def pretrained_weights_params(config: TrainConfig) -> dict[str, str]:
+    """Which pretrained weights the model started from (package, version, file, sha256), for MLflow."""
+    from dgx_assets.training.model import EFFICIENTNET_LITE0
+
+    if config.backbone != EFFICIENTNET_LITE0:
+        return {}
+    weights = config.model.pretrained_weights()
+    return {
+        "pretrained_weights_file": os.path.basename(weights.path),
+        "pretrained_weights_sha256": weights.sha256,
+        "pretrained_weights_package": weights.package or "user file",
+        "pretrained_weights_package_version": weights.package_version or "",
+    }
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str, ui_url: str | None = None) -> str | None:

@@ -43,4 +43,5 @@ def feature_files(tmp_path_factory):
 def small_train_config():
     from dgx_assets.training.train import TrainConfig
 
-    return TrainConfig(width=8, epochs=4, batch_size=16, patience=4)
+    # The small from-scratch CNN: these tests are about the training machinery, not the backbone.
+    return TrainConfig(backbone="scratch", width=8, epochs=4, batch_size=16, patience=4)

@@ -76,17 +76,44 @@ def test_embedding_comes_from_the_configured_model(tmp_path):
 
     from dgx_assets.training.model import ModelConfig, build_classifier, embedding_model
 
-    classifier = build_classifier(ModelConfig(width=8), (32, 32, 1), num_classes=2)
+    classifier = build_classifier(ModelConfig(backbone="scratch", width=8), (32, 32, 1), num_classes=2)
     saved = tmp_path / "classifier.keras"
     classifier.save(saved)
     rows = _rows_for({"a.png": training_data.png(np.eye(40, dtype=np.uint8) * 255)})
-    config = FeatureConfig(image_height=32, image_width=32, embedding_model=str(saved))
+    config = FeatureConfig(image_height=32, image_width=32, embedding=str(saved))
 
     features = compute_features(rows, config)
 
     tensor = tensor_from_row(features.tensor[0], features.tensor_shape[0])[None].astype("float32")
     expected = embedding_model(keras.models.load_model(saved)).predict(tensor, verbose=0)[0]
     assert np.allclose(features.embedding[0], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "I;16"])
+def test_default_embedding_is_imagenet_lite0_on_grey_repeated_to_rgb(mode):
+    """Any mode and size in; the embedding is the pretrained backbone's pooled features of the model-input
+    tensor, the grey plane repeated to the three channels ImageNet weights expect."""
+    import io
+
+    from PIL import Image
+
+    from dgx_assets.backbones import efficientnet_lite
+
+    rng = np.random.default_rng(3)
+    grey = rng.integers(0, 256, (45, 61), dtype=np.uint8)
+    image = Image.fromarray(grey).convert(mode) if mode != "I;16" else Image.fromarray(grey.astype(np.uint16) * 257)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    rows = _rows_for({"a.png": buffer.getvalue()})
+
+    features = compute_features(rows, FeatureConfig(image_height=64, image_width=48))
+
+    assert features.feature_status[0] == "ok" and len(features.embedding[0]) == efficientnet_lite.EMBEDDING_SIZE
+    tensor = tensor_from_row(features.tensor[0], features.tensor_shape[0]).astype("float32")
+    rgb = (np.repeat(tensor, 3, axis=-1)[None] - efficientnet_lite.INPUT_MEAN) / efficientnet_lite.INPUT_STD
+    backbone = efficientnet_lite.pretrained_lite0(efficientnet_lite.packaged_weights(), (64, 48, 3))
+    expected = np.asarray(backbone(rgb, training=False)).mean(axis=(1, 2))[0]
+    np.testing.assert_allclose(features.embedding[0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_feature_settings_name_the_setting():
@@ -97,8 +124,8 @@ def test_bad_feature_settings_name_the_setting():
     from dgx_assets.training.model import ModelConfigError
 
     rows = _rows_for({"a.png": training_data.png(np.zeros((8, 8), np.uint8))})
-    with pytest.raises(ModelConfigError, match="'embedding_model'"):
-        compute_features(rows, FeatureConfig(embedding_model="/nowhere/model.keras"))
+    with pytest.raises(ModelConfigError, match="'embedding'"):
+        compute_features(rows, FeatureConfig(embedding="/nowhere/model.keras"))
 
 
 def test_spark_job_writes_one_feature_row_per_valid_raw_row(spark, elpv_sample, tmp_path):

@@ -37,7 +37,7 @@ def tracked(feature_files, tmp_path_factory):
     store = tmp_path_factory.mktemp("mlflow")
     tracking = TrackingConfig(f"sqlite:///{store}/mlflow.db", "dgx_assets_test", MODEL_NAME)
     lineage = DagsterLineage(run_id="0123456789abcdef", partition_keys=("b0", "b1"), code_version="7")
-    config = TrainConfig(width=8, epochs=4, batch_size=16, patience=4)
+    config = TrainConfig(backbone="scratch", width=8, epochs=4, batch_size=16, patience=4)
     result = train_and_track(feature_files, "file:///lake/image_features", config, tracking, str(store / "ckpt"), lineage)
     return result, tracking
 
@@ -52,7 +52,7 @@ def test_run_records_params_metrics_plots_and_lineage(tracked, feature_files):
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "dgx_assets_test"
     params = run.data.params
-    assert params["backbone"] == "mobilenet_small" and params["input_shape"] == "32x32x1"
+    assert params["backbone"] == "scratch" and params["input_shape"] == "32x32x1"
     assert (params["epochs"], params["batch_size"], params["learning_rate"], params["seed"]) == ("4", "16", "0.002", "42")
     assert params["strategy"] == "MirroredStrategy" and params["replicas"] == "1"
 

@@ -88,7 +88,7 @@ def test_interrupted_training_resumes_from_the_last_finished_epoch(feature_files
 
 
 def test_bad_training_settings_name_the_setting(feature_files, tmp_path):
-    with pytest.raises(ModelConfigError, match="'backbone'.*mobilenet_small"):
+    with pytest.raises(ModelConfigError, match="'backbone'.*efficientnet_lite0"):
         train_classifier(feature_files, TrainConfig(backbone="vgg99"), str(tmp_path))
     with pytest.raises(ModelConfigError, match="'weights_path'"):
         train_classifier(feature_files, TrainConfig(weights_path=str(tmp_path / "missing.weights.h5")), str(tmp_path))
@@ -99,12 +99,12 @@ def test_bad_training_settings_name_the_setting(feature_files, tmp_path):
 def test_weights_file_initialises_the_backbone(feature_files, tmp_path):
     from dgx_assets.training.model import ModelConfig, build_backbone
 
-    donor = build_backbone(ModelConfig(width=8), (32, 32, 1))
+    donor = build_backbone(ModelConfig(backbone="scratch", width=8), (32, 32, 1))
     donor.set_weights([w + 0.5 for w in donor.get_weights()])
     path = tmp_path / "backbone.weights.h5"
     donor.save_weights(path)
 
-    loaded = build_backbone(ModelConfig(width=8, weights_path=str(path)), (32, 32, 1))
+    loaded = build_backbone(ModelConfig(backbone="scratch", width=8, weights_path=str(path)), (32, 32, 1))
     assert all(np.array_equal(a, b) for a, b in zip(donor.get_weights(), loaded.get_weights()))
 
 
