@@ -17,6 +17,7 @@ from dgx_assets.reporting import definitions as reporting
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
 from dgx_assets.training import definitions as training
+from dgx_assets.tuning import definitions as tuning
 
 # Every deployment reads its URIs from the environment when a run starts; what differs is how steps run:
 # one process per run locally and on Spark Standalone (one SparkSession shared by the run's assets),
@@ -41,6 +42,7 @@ defs = dg.Definitions.merge(
     ingest.defs,
     training.defs,
     challenger.defs,
+    tuning.defs,
     edge.defs,
     generation.defs,
     reporting.defs,

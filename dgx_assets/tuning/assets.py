@@ -1,0 +1,82 @@
+"""hyperparameter_search: the Dagster layer over tuning/tracking.py (no ray, pyspark or MLflow import here)."""
+
+import dagster as dg
+from pydantic import Field
+
+from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.spark.resource import SparkResource
+
+# Assets with this tag are left out of `make demo` (they need an extra or take long); materialize them by hand.
+OPTIONAL_TAG = {"dgx/optional": "true"}
+
+
+class HyperparameterSearchConfig(dg.Config):
+    num_samples: int = Field(12, description="Trials")
+    max_epochs: int = Field(20, description="Epochs per trial unless ASHA stops it sooner")
+    grace_period: int = Field(3, description="Epochs every trial gets before ASHA may stop it")
+    reduction_factor: int = Field(3, description="ASHA keeps the best 1/reduction_factor of trials at each rung")
+    learning_rate_min: float = Field(1e-4, description="Lower end of the log-uniform learning-rate range")
+    learning_rate_max: float = Field(3e-2, description="Upper end of the log-uniform learning-rate range")
+    dropout_max: float = Field(0.6, description="Dropout is drawn uniformly from [0, dropout_max]")
+    batch_sizes: list[int] = Field([16, 32, 64], description="Batch sizes to choose from")
+    ray_worker_nodes: int | None = Field(None, description="Ray worker nodes on the Spark executors; empty: one per task slot (at most 8)")
+    seed: int = Field(42, description="Seeds the search and every trial")
+
+
+# Searches trained_model's head recipe with Ray Tune on a Ray cluster living on the run's Spark executors; writes the best.
+@dg.asset(
+    deps=[dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping())],
+    group_name="tuning",
+    kinds={"spark", "ray", "mlflow"},
+    owners=["team:ml-platform"],
+    tags=OPTIONAL_TAG,
+    code_version="1",
+    description=(
+        "Optional (the `ray` extra): starts a Ray cluster on the run's Spark executors (ray.util.spark), runs Ray "
+        "Tune with ASHA early stopping over the classifier head's learning rate, dropout and batch size (each trial "
+        "fits the head on image_features' train embeddings, scored on the validation split), logs one nested MLflow "
+        "run per trial, tears Ray down, and writes <lake>/hyperparameter_search/best_config.json, which "
+        "trained_model uses when `use_searched_hyperparameters` is set."
+    ),
+)
+def hyperparameter_search(context: dg.AssetExecutionContext, config: HyperparameterSearchConfig, spark: SparkResource,
+                          lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+    try:
+        import ray  # noqa: F401
+    except ImportError as error:
+        raise dg.Failure("hyperparameter_search needs Ray: pip install 'dgx_assets[ray]' (ray[tune])") from error
+    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
+    from dgx_assets.training.tracking import (
+        DagsterLineage,
+        TrackingConfig,
+        TrackingConfigError,
+    )
+    from dgx_assets.tuning.search import SearchConfig, SearchConfigError
+    from dgx_assets.tuning.tracking import search_and_track
+
+    store = lake.lake
+    partitions = store.partitions("image_features")
+    paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
+    if not paths:
+        raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
+    search = SearchConfig(**(config.model_dump() | {"batch_sizes": tuple(config.batch_sizes)}))
+    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, mlflow.registered_model_name)
+    lineage = DagsterLineage(run_id=context.run_id, asset_key=context.asset_key.to_user_string(),
+                             partition_keys=tuple(partitions), code_version="1", job_name=context.job_name)
+    try:
+        tracked = search_and_track(spark.spark_session, FeatureFiles(store.fs, tuple(paths)), store, search, tracking,
+                                   lineage, log=context.log.info)
+    except (SearchConfigError, TrackingConfigError, FeatureDataError) as error:
+        raise dg.Failure(str(error)) from error
+    outcome = tracked.outcome
+    return dg.MaterializeResult(metadata={
+        **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+        "mlflow_run_id": tracked.run_id,
+        "best_hyperparameters": dg.MetadataValue.json(outcome.best_config),
+        "best_val_loss": outcome.best_metrics["val_loss"],
+        "best_val_accuracy": outcome.best_metrics["val_accuracy"],
+        "trials": len(outcome.trials),
+        "trials_stopped_early": sum(t.stopped_early for t in outcome.trials),
+        "ray_worker_nodes": outcome.ray_worker_nodes,
+        "path": dg.MetadataValue.path(tracked.best_config_uri),
+    })

@@ -1,0 +1,86 @@
+"""The search's MLflow run (trained_model's lineage tags and datasets), one nested run per trial, and the
+best recipe written where trained_model takes it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from typing import Any
+
+import numpy as np
+
+from dgx_assets.training import tracking as lineage_tracking
+from dgx_assets.training.dataset import (
+    FeatureDataError,
+    FeatureFiles,
+    read_embeddings,
+    scan_features,
+)
+from dgx_assets.tuning.best_config import SEARCH_ASSET, write_best_config
+from dgx_assets.tuning.search import HeadData, SearchConfig, SearchOutcome, run_search
+
+
+@dataclasses.dataclass
+class TrackedSearch:
+    run_id: str
+    run_url: str | None
+    outcome: SearchOutcome
+    best_config_uri: str
+    data_digest: str
+
+
+def head_data(files: FeatureFiles) -> HeadData:
+    index = scan_features(files)
+    splits = {split: read_embeddings(files, index, split) for split in ("train", "validation")}
+    if any(value is None for value in splits.values()):
+        raise FeatureDataError("image_features has no embeddings (built with embedding: none): re-materialize "
+                               "image_features with embedding efficientnet_lite0 for the search")
+    weights = index.class_weights()
+    return HeadData(splits["train"][0], splits["train"][1], splits["validation"][0], splits["validation"][1],
+                    np.array([weights[i] for i in range(len(index.class_names))]))
+
+
+def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchConfig,
+                     tracking: lineage_tracking.TrackingConfig, lineage: lineage_tracking.DagsterLineage,
+                     log: Any = None) -> TrackedSearch:
+    config.validate()
+    lineage_tracking.check_tracking_uri(tracking.tracking_uri)
+    data = head_data(files)
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    client = MlflowClient(tracking.tracking_uri)
+    experiment_id = lineage_tracking.ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
+    entries = lineage_tracking.describe_files(files)
+    digest = lineage_tracking.dataset_digest(entries, ["train", "validation"])
+    commit = lineage_tracking.code_revision()
+    hardware = lineage_tracking.hardware_baseline()
+    tags = lineage_tracking._lineage_tags(lineage, commit) | lineage_tracking.hardware_tags(hardware) | {
+        "dgx.data_digest": digest, "dgx.search": "ray-tune-asha"}
+    run_name = f"{SEARCH_ASSET}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as parent:
+        mlflow.log_params({f"search_{k}": (list(v) if isinstance(v, tuple) else ("" if v is None else v))
+                           for k, v in dataclasses.asdict(config).items()})
+        profile = {"num_rows": int(len(data.train_y) + len(data.val_y)), "files": len(entries), "sha256": digest}
+        mlflow.log_input(lineage_tracking._feature_dataset("image_features[train+validation]", lake.asset_uri("image_features"),
+                                                           digest, profile), context="training")
+        outcome = run_search(spark, data, config, log=log)
+        for trial in outcome.trials:
+            with mlflow.start_run(experiment_id=experiment_id, run_name=f"trial-{trial.trial_id or 'unknown'}", nested=True,
+                                  tags={"dgx.trial_id": trial.trial_id, "dgx.stopped_early": str(trial.stopped_early),
+                                        **({"dgx.trial_error": trial.error} if trial.error else {})}):
+                mlflow.log_params(trial.config)
+                for epoch, metrics in enumerate(trial.history, start=1):
+                    mlflow.log_metrics(metrics, step=epoch)
+        mlflow.log_params({f"best_{k}": v for k, v in outcome.best_config.items()} | {"ray_worker_nodes": outcome.ray_worker_nodes})
+        mlflow.log_metrics({f"best_{k}": v for k, v in outcome.best_metrics.items()}
+                           | {"trials": len(outcome.trials), "trials_stopped_early": sum(t.stopped_early for t in outcome.trials)})
+        uri = write_best_config(lake, outcome.best_config, {
+            "validation": outcome.best_metrics, "mlflow_run_id": parent.info.run_id, "data_digest": digest,
+            "dagster_run_id": lineage.run_id, "searched_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "objective": "classifier head (dropout + softmax) on image_features' train embeddings, validation loss"})
+        mlflow.log_dict({"best": outcome.best_config, "validation": outcome.best_metrics, "uri": uri}, "search/best_config.json")
+    return TrackedSearch(parent.info.run_id, lineage_tracking.run_url(tracking.tracking_uri, experiment_id, parent.info.run_id),
+                         outcome, uri, digest)
