@@ -5,7 +5,7 @@ import dagster as dg
 
 from dgx_assets.resources import LakeResource, MlflowResource
 
-UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "ernie_generated_images"]
+UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "ernie_generated_images", "challenger_model"]
 
 
 # Sums up every other asset and its checks into one page: fit to use, or what to fix.
@@ -25,6 +25,7 @@ UPSTREAM = ["raw_images", "image_features", "trained_model", "edge_model", "erni
 def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
     from dgx_assets import links as urls
     from dgx_assets import settings
+    from dgx_assets.challenger import report as challenger_report
     from dgx_assets.reporting import collect, render  # pyarrow, scipy, matplotlib: only when a report is made
     from dgx_assets.reporting.verdict import decide
 
@@ -45,6 +46,7 @@ def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
     data.statistics, data.ks = collect.image_statistics(store)
     data.drift = [row for row in data.ks if row["flagged"]]
     data.label_balance = collect.label_balance(data.batches)
+    data.comparison = challenger_report.compare(store, data.model, data.edge)
     run_id = (data.model or {}).get("mlflow_run_id")
     if run_id:
         data.curves, data.hardware = collect.mlflow_details(mlflow.resolved_tracking_uri, run_id)

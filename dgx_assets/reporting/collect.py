@@ -37,6 +37,7 @@ class ReportData:
     hardware: dict | None = None
     edge: dict | None = None  # edge_model's latest materialization metadata
     generated: dict | None = None  # status counts and sample images per label
+    comparison: dict | None = None  # trained_model beside challenger_model (dgx_assets/challenger/report.py)
     missing: list[str] = field(default_factory=list)
 
 

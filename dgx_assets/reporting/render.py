@@ -6,6 +6,7 @@ import base64
 import html
 import io
 
+from dgx_assets.challenger import report as challenger_report
 from dgx_assets.reporting import charts
 from dgx_assets.reporting.collect import ReportData
 from dgx_assets.reporting.verdict import Verdict
@@ -147,6 +148,7 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
     else:
         parts.append("<p class='muted'>trained_model has not been materialized.</p>")
 
+    parts.append(challenger_report.render_html(data.comparison))
     parts.append("<h2 id='edge'>Edge model</h2>")
     if data.edge:
         keys = ("quantization", "tflite_size_bytes", "keras_size_bytes", "size_ratio", "top1_agreement",
@@ -252,5 +254,6 @@ def render_markdown(data: ReportData, verdict: Verdict, report_path: str) -> str
     if data.generated:
         figures.append("Generated images: " + ", ".join(f"{k} {v}" for k, v in data.generated["status_counts"].items()))
     lines += [f"- {figure}" for figure in figures] + ([""] if figures else [])
+    lines += challenger_report.render_markdown(data.comparison)
     lines += [f"Full report: `{report_path}`"]
     return "\n".join(lines)

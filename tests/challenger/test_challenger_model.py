@@ -8,7 +8,9 @@ import dagster as dg
 import pytest
 from embedding_features import write_embedding_features
 
+from dgx_assets.challenger import report
 from dgx_assets.challenger.assets import challenger_model
+from dgx_assets.lake import Lake
 from dgx_assets.resources import LakeResource, MlflowResource
 
 FAST = {"n_estimators": 40, "early_stopping_rounds": 5, "max_depth": 3}
@@ -60,6 +62,9 @@ def test_challenger_trains_on_executors_tracks_lineage_and_registers_its_own_mod
 
     booster = xgboost.Booster(model_file=str(lake / "challenger_model" / "model.ubj"))
     assert booster.num_features() == 16
+    # The report's section reads what the asset really wrote.
+    [row] = report.compare(Lake(str(lake)), None, None)["rows"]
+    assert row["version"] == f"dgx_defect_challenger v{version.version}" and row["images"] == 48
 
 
 def test_features_without_embeddings_fail_with_what_to_do(stores, spark_resource):
