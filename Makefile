@@ -30,10 +30,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser $(PYTEST_ARGS)
 
-# A real browser on the real UI: Debian's chromium (installed here if missing) driven by Playwright.
+# A real browser on the real UIs: Debian's chromium (installed here if missing) driven by Playwright walks the
+# asset graph, an asset page, MLflow, the quality report and the GE data docs; screenshots in .dgx/screenshots/.
 e2e: $(VENV)/.installed
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
-	$(PY) -m pip install --quiet playwright==1.65.2
+	$(PY) -m pip install --quiet -c constraints.txt playwright
+	mkdir -p .dgx/screenshots
 	$(PY) -m pytest -q -p no:cacheprovider tests/browser
 
 # The Dagster UI and daemon on 127.0.0.1:3000 (sensor and schedule run while it is up). Ctrl-C stops it.

@@ -24,7 +24,7 @@ def _seed_demo(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     from dgx_assets.demo import run_demo
 
-    return run_demo(limit=args.limit, batches=args.batches)
+    return run_demo(limit=args.limit, batches=args.batches, verbose=args.verbose)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="seed the landing zone if empty, then materialize every asset end to end")
     demo.add_argument("--batches", type=int, default=3)
     demo.add_argument("--limit", type=int, help="only the first N ELPV images (a quick look)")
+    demo.add_argument("--verbose", action="store_true",
+                      help="print Dagster's full event log instead of one line per step (it always goes to a file)")
     demo.set_defaults(handler=_run_demo)
 
     from dgx_assets.serving import commands as serving_commands

@@ -1,10 +1,17 @@
-"""Seeding the landing zone with the ELPV solar-cell images (the `demo` extra), as a camera line would."""
+"""`make demo`: seeding the landing zone with the ELPV solar-cell images (the `demo` extra), as a camera line
+would, then materializing every asset with a console that shows progress (the full event log goes to a file)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import os
 import posixpath
+import re
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -56,11 +63,13 @@ def seed_landing(landing_uri: str, batches: int = 3, limit: int | None = None) -
     return counts
 
 
-def run_demo(limit: int | None = None, batches: int = 3) -> int:
+def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) -> int:
     """`make demo`: seed the landing zone if it is empty, then materialize every asset on the local default.
 
-    Exits non-zero when a step errors. A quality gate that holds a model back (a blocking check failing)
-    is the pipeline working as meant: it is reported, the quality report is still made, and the exit is 0.
+    The console shows one line per step with its status and time, and a progress bar while a long step works;
+    Dagster's full event log goes to a file under `<state>/logs/` (printed first), or to the console with
+    `verbose`. Exits non-zero when a step errors. A quality gate that holds a model back (a blocking check
+    failing) is the pipeline working as meant: it is reported, the quality report is still made, and the exit is 0.
     """
     import dagster as dg
 
@@ -68,6 +77,11 @@ def run_demo(limit: int | None = None, batches: int = 3) -> int:
     from dgx_assets.definitions import defs
     from dgx_assets.ingest.landing import scan_landing
     from dgx_assets.partitions import image_batches
+
+    log_path = settings.state_dir() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    progress = None if verbose else DemoProgress(sys.stdout)
+    print(f"Full event log: {log_path}" + ("" if verbose else "  (--verbose prints it here instead)"), flush=True)
 
     landing = settings.landing_uri()
     if not scan_landing(landing):
@@ -89,46 +103,74 @@ def run_demo(limit: int | None = None, batches: int = 3) -> int:
     job = defs.resolve_implicit_global_asset_job_def()
 
     outcome = _DemoOutcome()
-    for batch in ready:
-        outcome.add(instance, execute_for_cli(job, instance, partition_key=batch, asset_selection=per_batch),
-                    f"batch {batch}")
-    result = execute_for_cli(job, instance, asset_selection=whole)
-    outcome.add(instance, result, "whole-dataset assets")
-    report_key = dg.AssetKey("quality_report")
-    if not result.asset_materializations_for_node("quality_report") and report_key in whole:
-        # A gate stopped the run before the report: make the report anyway, it says what held things back.
-        outcome.add(instance, execute_for_cli(job, instance, asset_selection=[report_key]), "quality report")
+    with open(log_path, "a", encoding="utf-8") as log_file, _stderr_into(None if verbose else log_file):
+        def run(what: str, **options):
+            if progress:
+                progress.header(what)
+            result = execute_for_cli(job, instance, progress=progress, log_file=log_file, **options)
+            outcome.add(instance, result, what)
+            return result
+
+        for batch in ready:
+            run(f"batch {batch}", partition_key=batch, asset_selection=per_batch)
+        result = run("whole-dataset assets", asset_selection=whole)
+        report_key = dg.AssetKey("quality_report")
+        if not result.asset_materializations_for_node("quality_report") and report_key in whole:
+            # A gate stopped the run before the report: make the report anyway, it says what held things back.
+            run("quality report", asset_selection=[report_key])
 
     lake = settings.lake_root()
-    print("\nTime per step: " + ", ".join(f"{name} {seconds:.0f}s" for name, seconds in outcome.steps))
+    print(f"\nTook {outcome.seconds():.0f} s in {len(outcome.steps)} steps; the slowest: "
+          + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.slowest(3)))
     print(f"Lake (Parquet tables, models, report): {lake}")
     print(f"Quality report: {lake}/quality_report/report.html")
     verdict = instance.get_latest_materialization_event(report_key)
     if verdict is not None:
         print(f"Verdict: {verdict.asset_materialization.metadata['verdict'].value}")
-    print(f"MLflow: {settings.mlflow_tracking_uri()}  (browse with: make mlflow-ui)")
-    print("Dagster UI with these runs: make dev, then http://127.0.0.1:3000")
+    print(f"MLflow store: {settings.mlflow_tracking_uri()}  (make mlflow-ui, then {settings.mlflow_ui_url()})")
+    print(f"Dagster UI with these runs: make dev, then {settings.dagster_ui_url()}")
+    print(f"Full event log: {log_path}")
     for gate in outcome.gates:
         print(f"Quality gate held back what follows it: {gate}")
     if outcome.errors:
-        print("FAILED: " + "; ".join(outcome.errors) + " -- open the run in the Dagster UI (make dev) for the reason")
+        print("FAILED: " + "; ".join(outcome.errors) + f" -- the reason is in {log_path} and in the Dagster UI (make dev)")
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _stderr_into(file):
+    """Send this process's stderr (file descriptor 2: TensorFlow's and Spark's JVM chatter, warnings) into
+    `file` while the runs go, so the console keeps to one line per step; None leaves it alone."""
+    if file is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # what Dagster raises when a blocking check holds a run back
 
 
-def execute_for_cli(job, instance, **options):
-    """Run `job` in this process as `make demo` does, logging to the console as Dagster does, except that a
-    blocking check holding a run back is told by the check's description (its what-to-fix text) instead of
+def execute_for_cli(job, instance, progress: DemoProgress | None = None, log_file=None, **options):
+    """Run `job` in this process as `make demo` does. Without `progress` the console gets Dagster's event log
+    (as `--verbose`); with it, `progress` draws one line per step. `log_file` gets the full event log either way.
+    A blocking check holding a run back is told by the check's description (its what-to-fix text) instead of
     a stack trace: for a CLI user that is the pipeline working, not a crash."""
     import dagster as dg
     from dagster._loggers import colored_console_logger
 
     @dg.logger(config_schema=colored_console_logger.config_schema, description=colored_console_logger.description)
     def console(init_context) -> logging.Logger:
-        return _GateConsole(colored_console_logger.logger_fn(init_context))
+        inner = colored_console_logger.logger_fn(init_context) if progress is None else None
+        return _GateConsole(inner, progress, log_file)
 
     # Only loggers named in the run config are used; DEBUG is what Dagster's default console shows.
     return job.with_logger_defs({"console": console}).execute_in_process(
@@ -137,14 +179,15 @@ def execute_for_cli(job, instance, **options):
 
 
 class _GateConsole(logging.Logger):
-    """Hands every record to Dagster's console logger; rewrites the step and run failures a blocking check caused."""
+    """Hands every record to the event log file and to Dagster's console logger or the progress view;
+    rewrites the step and run failures a blocking check caused."""
 
     # failed blocking check -> its description, per run (the run's failure is logged by another logger instance)
     fixes: ClassVar[dict[str, dict[str, str]]] = {}
 
-    def __init__(self, inner: logging.Logger):
-        super().__init__(inner.name, inner.level)
-        self._inner = inner
+    def __init__(self, inner: logging.Logger | None, progress: DemoProgress | None = None, log_file=None):
+        super().__init__("dgx_demo", logging.DEBUG)
+        self._inner, self._progress, self._file = inner, progress, log_file
 
     def handle(self, record: logging.LogRecord) -> None:
         import dagster as dg
@@ -152,6 +195,7 @@ class _GateConsole(logging.Logger):
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
         fixes = self.fixes.setdefault(meta.get("run_id") or "", {})
+        held = None
         if event is not None and event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
             evaluation = event.event_specific_data
             if not evaluation.passed and evaluation.blocking:
@@ -159,11 +203,107 @@ class _GateConsole(logging.Logger):
         elif event is not None and getattr(getattr(event.event_specific_data, "error", None), "cls_name", None) == \
                 CHECK_FAILED_ERROR:
             record = copy.copy(record)
-            told = "; ".join(f"{name}: {fix}" for name, fix in fixes.items()) or "see the check's description"
-            record.msg, record.args = record.msg.split("\n\n")[0] + f" A blocking check held it back. {told}", ()
+            held = "; ".join(f"{name}: {fix}" for name, fix in fixes.items()) or "see the check's description"
+            record.msg, record.args = record.msg.split("\n\n")[0] + f" A blocking check held it back. {held}", ()
         if event is not None and event.event_type in (dg.DagsterEventType.RUN_SUCCESS, dg.DagsterEventType.RUN_FAILURE):
             self.fixes.pop(meta.get("run_id") or "", None)
-        self._inner.handle(record)
+        if self._file is not None:
+            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {record.levelname} {record.getMessage()}\n")
+            self._file.flush()
+        if self._inner is not None:
+            self._inner.handle(record)
+        if self._progress is not None:
+            self._progress.event(meta.get("step_key"), event, record.getMessage(), held)
+
+
+# Messages the assets log while they work, turned into progress: Spark tasks, training epochs, the generator build.
+_SPARK_TASKS = re.compile(r"Spark: stage \d+ \([^)]*\): (\d+)/(\d+) tasks done")
+_EPOCH = re.compile(r"\bepoch (\d+): (.*)$")
+_GENERATOR_BUILD = "training one now"
+_GENERATOR_READY = "Launched local ERNIE-Image serving processes"
+_WORKING_BAR = "{desc}  working {elapsed}"
+_TASKS_BAR = "{desc} |{bar}| {n_fmt}/{total_fmt} Spark tasks [{elapsed}]"
+_EPOCHS_BAR = "{desc}  epoch {n_fmt} done [{elapsed}]  {postfix}"
+
+
+class DemoProgress:
+    """`make demo`'s console: one line per step (status and time) and, on a terminal, a progress bar while a
+    step works: Spark tasks for ingest, features and generation, epochs for training, elapsed time for the
+    generator build."""
+
+    def __init__(self, stream, bars: bool | None = None):
+        self.stream = stream
+        self.bars = stream.isatty() if bars is None else bars
+        self.started: dict[str, float] = {}
+        self._bar = None
+        self._ticker: threading.Thread | None = None
+
+    def header(self, text: str) -> None:
+        self._close_bar()
+        print(f"\n{text}", file=self.stream, flush=True)
+
+    def event(self, step: str | None, event, message: str, held: str | None = None) -> None:
+        import dagster as dg
+
+        kind = event.event_type if event is not None else None
+        if kind == dg.DagsterEventType.STEP_START and step:
+            self.started[step] = time.monotonic()
+            self._open_bar(step, unit="tasks")
+        elif kind in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
+                      dg.DagsterEventType.STEP_SKIPPED) and step:
+            self._close_bar()
+            seconds = time.monotonic() - self.started.pop(step, time.monotonic())
+            status = {dg.DagsterEventType.STEP_SUCCESS: "ok", dg.DagsterEventType.STEP_SKIPPED: "skipped"}.get(
+                kind, "held back" if held else "FAILED")
+            self._line(f"  {step:<46} {status:<10} {seconds:7.1f} s")
+            if held:
+                self._line(f"      what to fix: {held}")
+            elif status == "FAILED":
+                self._line(f"      {message.splitlines()[0][:300]}")
+        elif kind is None and step and self._bar is not None:
+            self._advance(message)
+
+    def _advance(self, message: str) -> None:
+        if (tasks := _SPARK_TASKS.search(message)) is not None:
+            self._bar.unit, self._bar.total, self._bar.n = "tasks", int(tasks.group(2)), int(tasks.group(1))
+            self._bar.bar_format = _TASKS_BAR
+        elif (epoch := _EPOCH.search(message)) is not None:
+            self._bar.unit, self._bar.total, self._bar.n = "epochs", None, int(epoch.group(1)) + 1
+            self._bar.bar_format = _EPOCHS_BAR
+            self._bar.set_postfix_str(epoch.group(2)[:70], refresh=False)
+        elif _GENERATOR_BUILD in message:
+            self._bar.set_description_str("building the local generator (minutes on a CPU)", refresh=False)
+        elif _GENERATOR_READY in message:
+            self._bar.set_description_str("generating images", refresh=False)
+        else:
+            return
+        self._bar.refresh()
+
+    def _open_bar(self, step: str, unit: str) -> None:
+        self._close_bar()
+        if not self.bars:
+            return
+        from tqdm import tqdm
+
+        self._bar = tqdm(desc=f"  {step}", total=None, unit=unit, file=self.stream, leave=False, dynamic_ncols=True,
+                         bar_format=_WORKING_BAR)
+        self._ticker = threading.Thread(target=self._tick, args=(self._bar,), daemon=True)
+        self._ticker.start()
+
+    def _tick(self, bar) -> None:
+        """Keeps the elapsed time moving while a step logs nothing (the generator build, a long epoch)."""
+        while self._bar is bar:
+            time.sleep(1.0)
+            if self._bar is bar:
+                bar.refresh()
+
+    def _close_bar(self) -> None:
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.close()
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
 
 
 def _check_name(evaluation) -> str:
@@ -177,6 +317,12 @@ class _DemoOutcome:
         self.steps: list[tuple[str, float]] = []
         self.errors: list[str] = []
         self.gates: list[str] = []
+
+    def seconds(self) -> float:
+        return sum(seconds for _, seconds in self.steps)
+
+    def slowest(self, count: int) -> list[tuple[str, float]]:
+        return sorted(self.steps, key=lambda step: -step[1])[:count]
 
     def add(self, instance, result, what: str) -> None:
         import dagster as dg
