@@ -80,7 +80,6 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
 
     log_path = settings.state_dir() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = None if verbose else DemoProgress(sys.stdout)
     print(f"Full event log: {log_path}" + ("" if verbose else "  (--verbose prints it here instead)"), flush=True)
 
     landing = settings.landing_uri()
@@ -103,7 +102,9 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     job = defs.resolve_implicit_global_asset_job_def()
 
     outcome = _DemoOutcome()
-    with open(log_path, "a", encoding="utf-8") as log_file, _stderr_into(None if verbose else log_file):
+    with open(log_path, "a", encoding="utf-8") as log_file, _output_into(None if verbose else log_file) as console:
+        progress = None if verbose else DemoProgress(console)
+
         def run(what: str, **options):
             if progress:
                 progress.header(what)
@@ -139,21 +140,29 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
 
 
 @contextlib.contextmanager
-def _stderr_into(file):
-    """Send this process's stderr (file descriptor 2: TensorFlow's and Spark's JVM chatter, warnings) into
-    `file` while the runs go, so the console keeps to one line per step; None leaves it alone."""
+def _output_into(file):
+    """Send this process's stdout and stderr (file descriptors 1 and 2: Keras' and TensorFlow's output, Spark's
+    JVM, MLflow's notices, warnings) into `file` while the runs go, and yield a stream on the real console for
+    the progress view; None leaves both alone and yields stdout."""
     if file is None:
-        yield
+        yield sys.stdout
         return
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(file.fileno(), 2)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    console = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    for fd in (1, 2):
+        os.dup2(file.fileno(), fd)
     try:
-        yield
+        with contextlib.redirect_stdout(file), contextlib.redirect_stderr(file):  # Python's own print() too
+            yield console
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy_of in saved.items():
+            os.dup2(copy_of, fd)
+            os.close(copy_of)
+        console.close()
 
 
 CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # what Dagster raises when a blocking check holds a run back

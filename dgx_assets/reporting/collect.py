@@ -64,6 +64,10 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
             metadata = evaluation.metadata or {}
             what_to_fix = metadata.get("what_to_fix")
             summary = (what_to_fix.value if what_to_fix is not None else None) or evaluation.description or ""
+            if not summary and "ge_statistics" in metadata:  # a GE suite that passed without a description
+                stats = metadata["ge_statistics"].value or {}
+                summary = (f"{stats.get('successful_expectations')} of {stats.get('evaluated_expectations')} "
+                           "expectations met")
             outcomes.append(
                 CheckOutcome(
                     asset=key.asset_key.to_user_string(),
@@ -138,7 +142,8 @@ def label_balance(batches: dict[str, dict]) -> list[dict]:
             continue
         shares = {c: n / sum(mine) for c, n in zip(classes, mine)}
         others = {c: n / sum(rest) for c, n in zip(classes, rest)}
-        gap_class = max(classes, key=lambda c: abs(shares[c] - others[c]))
+        # The largest gap; between equal gaps (always, with two classes) the class an inspector looks for.
+        gap_class = min(classes, key=lambda c: (-round(abs(shares[c] - others[c]), 9), c != "defective"))
         kept = [i for i in range(len(classes)) if mine[i] + rest[i] > 0]  # a class no batch has tests nothing
         p_value = float(chi2_contingency([[mine[i] for i in kept], [rest[i] for i in kept]])[1]) if len(kept) > 1 else 1.0
         points = (shares[gap_class] - others[gap_class]) * 100

@@ -13,8 +13,8 @@ from dgx_assets.reporting.verdict import Verdict
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}
+th{background:#f3f3f3}td.num{text-align:right}
 .verdict{padding:.8em 1.2em;border-radius:6px;font-size:1.1em}.pass{background:#dfd}.warn{background:#ffd}.fail{background:#fdd}
 .grid{display:flex;flex-wrap:wrap;gap:6px}.grid figure{margin:0;width:132px;font-size:11px;color:#444}
 .grid img{width:128px;height:128px;border:1px solid #ccc;image-rendering:pixelated}
@@ -54,8 +54,14 @@ def _percent(value: float | None) -> str:
 
 def _table(headers: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(value) -> str:
+    """Numbers right-aligned (they compare down a column), text left."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f"<td class='num'>{html.escape(_fmt(value))}</td>" if number else f"<td>{html.escape(_fmt(value))}</td>"
 
 
 def _fmt(value) -> str:

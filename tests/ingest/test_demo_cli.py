@@ -13,7 +13,6 @@ from dgx_assets.ingest.checks import raw_image_checks
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
 
-
 FIX = "Only 14.3% of batch bad decoded as images (at least 80% needed)"
 
 
@@ -96,3 +95,24 @@ def test_progress_bars_follow_spark_tasks_and_epochs():
                            event_specific_data=StepSuccessData(duration_ms=1.0))
     progress.event("trained_model", done, "finished")
     assert progress._bar is None and re.search(r"  trained_model +ok +\d+\.\d s\n", progress.stream.getvalue())
+
+
+def test_libraries_output_goes_to_the_log_file_and_the_console_keeps_the_step_lines(tmp_path, capfd):
+    import os
+    import sys
+
+    from dgx_assets.demo import _output_into
+
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "a") as log_file, _output_into(log_file) as console:
+        os.write(1, b"1/1 keras step bar\n")  # what Keras, TensorFlow and the Spark JVM write past Python
+        os.write(2, b"I0000 oneDNN custom operations are on\n")
+        print("Successfully registered model 'x'.")
+        sys.stdout.flush()
+        console.write("  trained_model    ok    12.0 s\n")
+    printed = capfd.readouterr()
+    assert printed.out == "  trained_model    ok    12.0 s\n" and printed.err == ""
+    log = log_path.read_text()
+    assert "keras step bar" in log and "oneDNN" in log and "Successfully registered model" in log
+    print("after")  # the process's own stdout is back
+    assert capfd.readouterr().out == "after\n"

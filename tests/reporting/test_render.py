@@ -86,7 +86,8 @@ def test_check_tables_tell_kind_and_only_failures_get_what_to_fix():
     gate = CheckOutcome("edge_model", "tflite_parity", None, False, "ERROR", "set quantization: float16", blocking=True)
     page = render.render_html(ReportData(checks=[passed, failed, gate]), decide([passed, failed, gate], [], []), {})
     rows = re.findall(r"<tr>(.*?)</tr>", page)
-    cells = {re.findall(r"<td>(.*?)</td>", row)[1]: re.findall(r"<td>(.*?)</td>", row) for row in rows if "<td>" in row}
+    cells = {re.findall(r"<td[^>]*>(.*?)</td>", row)[1]: re.findall(r"<td[^>]*>(.*?)</td>", row)
+             for row in rows if "<td" in row}
     assert cells["valid_image_share"][3:] == ["passed", "blocking", "98.0% of batch b1 are valid images", ""]
     assert cells["no_duplicate_content"][3:] == ["FAILED", "warning", "", "remove the 2 duplicates"]
     assert "ERROR" not in page  # a passed check is no error
@@ -100,8 +101,8 @@ def test_every_drift_test_is_shown_not_only_the_flagged_ones():
                           {"batch": "b2", "statistic": "brightness", "ks": 1.0, "p_value": 0.001, "flagged": True}])
     data.drift = [row for row in data.ks if row["flagged"]]
     page = render.render_html(data, decide([], ["brightness of batch b2"], []), {})
-    assert "<td>b1</td><td>brightness</td><td>0.05</td><td>0.9</td><td>no</td>" in page
-    assert "<td>b2</td><td>brightness</td><td>1</td><td>0.001</td><td>FLAGGED</td>" in page
+    assert "<td>b1</td><td>brightness</td><td class='num'>0.05</td><td>0.9</td><td>no</td>" in page
+    assert "<td>b2</td><td>brightness</td><td class='num'>1</td><td>0.001</td><td>FLAGGED</td>" in page
 
 
 def test_markdown_summary_keeps_each_figure_on_its_own_line():
