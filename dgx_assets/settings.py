@@ -1,4 +1,4 @@
-"""Where things live by default, and the environment variables that move them (see DESIGN.md).
+"""Where things live by default, and the environment variables that move them (docs/architecture.md, Contracts).
 
 Everything here is read when called, never at import time: resources call these while they initialise,
 so one process can point at a test lake and the next at HDFS without reimporting anything.
@@ -51,6 +51,11 @@ def mlflow_tracking_uri() -> str:
 
 def ernie_endpoints() -> str:
     return os.environ.get("DGX_ERNIE_ENDPOINTS", "local")
+
+
+def git_commit() -> str | None:
+    """DGX_GIT_COMMIT: the commit an image was built from when it carries no .git."""
+    return os.environ.get("DGX_GIT_COMMIT") or None
 
 
 def mlflow_ui_url() -> str:

@@ -52,18 +52,15 @@ def challenger_model(context: dg.AssetExecutionContext, config: ChallengerModelC
     from dgx_assets.challenger.xgb import ChallengerConfigError
     from dgx_assets.spark.progress import spark_progress
     from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
-    from dgx_assets.training.tracking import (
-        DagsterLineage,
-        TrackingConfig,
-        TrackingConfigError,
-    )
+    from dgx_assets.tracking.lineage import DagsterLineage
+    from dgx_assets.tracking.store import TrackingConfigError
 
     store = lake.lake
     partitions = store.partitions("image_features")
     paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
     if not paths:
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
-    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, config.registered_model_name)
+    tracking = mlflow.tracking_config(config.registered_model_name)
     lineage = DagsterLineage(run_id=context.run_id, asset_key=context.asset_key.to_user_string(),
                              partition_keys=tuple(partitions), code_version=CHALLENGER_CODE_VERSION,
                              job_name=context.job_name)

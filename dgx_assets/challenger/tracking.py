@@ -17,7 +17,16 @@ from dgx_assets.challenger.xgb import (
     train_challenger,
 )
 from dgx_assets.lake import Lake
-from dgx_assets.training import tracking as lineage_tracking
+from dgx_assets.tracking.hardware import hardware_baseline, hardware_tags
+from dgx_assets.tracking.lineage import (
+    DagsterLineage,
+    code_revision,
+    dataset_digest,
+    describe_files,
+    feature_dataset,
+    lineage_tags,
+)
+from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, ensure_experiment, run_url
 from dgx_assets.training.dataset import FeatureFiles
 
 CHALLENGER_ASSET = "challenger_model"
@@ -43,12 +52,12 @@ def train_and_track_challenger(
     uris: list[str],
     features_uri: str,
     config: ChallengerConfig,
-    tracking: lineage_tracking.TrackingConfig,
-    lineage: lineage_tracking.DagsterLineage,
+    tracking: TrackingConfig,
+    lineage: DagsterLineage,
     log: Any = None,
 ) -> TrackedChallenger:
     config.validate()
-    lineage_tracking.check_tracking_uri(tracking.tracking_uri)
+    check_tracking_uri(tracking.tracking_uri)
     say = log or (lambda message: None)
     import mlflow
     import mlflow.xgboost
@@ -56,14 +65,14 @@ def train_and_track_challenger(
 
     mlflow.set_tracking_uri(tracking.tracking_uri)
     client = MlflowClient(tracking.tracking_uri)
-    experiment_id = lineage_tracking.ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
-    entries = lineage_tracking.describe_files(files)
-    digests = {context: lineage_tracking.dataset_digest(entries, splits)
+    experiment_id = ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
+    entries = describe_files(files)
+    digests = {context: dataset_digest(entries, splits)
                for context, splits in (("training", ["train", "validation"]), ("test", ["test"]))}
-    data_digest = lineage_tracking.dataset_digest(entries, ["train", "validation", "test"])
-    commit = lineage_tracking.code_revision()
-    hardware = lineage_tracking.hardware_baseline()
-    tags = (lineage_tracking._lineage_tags(lineage, commit) | lineage_tracking.hardware_tags(hardware)
+    data_digest = dataset_digest(entries, ["train", "validation", "test"])
+    commit = code_revision()
+    hardware = hardware_baseline()
+    tags = (lineage_tags(lineage, commit) | hardware_tags(hardware)
             | {"dgx.data_digest": data_digest, "dgx.model_family": "xgboost"})
     run_name = f"{CHALLENGER_ASSET}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
@@ -78,7 +87,7 @@ def train_and_track_challenger(
         for context, splits in (("training", ["train", "validation"]), ("test", ["test"])):
             profile = {"num_rows": sum(sum(result.split_counts[s].values()) for s in splits), "files": len(entries),
                        "partitions": list(lineage.partition_keys)[:200], "sha256": digests[context]}
-            dataset = lineage_tracking._feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri,
+            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri,
                                                         digests[context], profile)
             mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
         mlflow.log_metrics({f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
@@ -95,7 +104,7 @@ def train_and_track_challenger(
             if value:
                 client.set_model_version_tag(tracking.registered_model_name, version, key, value)
         say(f"registered {tracking.registered_model_name} version {version} as {CHALLENGER_ALIAS!r}")
-    return TrackedChallenger(run.info.run_id, lineage_tracking.run_url(tracking.tracking_uri, experiment_id, run.info.run_id),
+    return TrackedChallenger(run.info.run_id, run_url(tracking.tracking_uri, experiment_id, run.info.run_id),
                              tracking.registered_model_name, version, data_digest, result, hardware)
 
 

@@ -11,7 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-CHAMPION_ALIAS = "champion"
+from dgx_assets.tracking.registry import CHAMPION_ALIAS, current_alias_version
+
 PROMOTION_TAG = "dgx.promotion"
 
 
@@ -34,15 +35,6 @@ class PromotionOutcome:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def current_alias_version(client, model_name: str, alias: str = CHAMPION_ALIAS) -> str | None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return str(client.get_model_version_by_alias(model_name, alias).version)
-    except MlflowException:
-        return None
 
 
 def promote_if_gates_pass(

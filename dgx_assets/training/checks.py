@@ -62,7 +62,7 @@ def beats_baseline_and_champion(
     config: ModelGateConfig, lake: LakeResource, mlflow: MlflowResource
 ) -> dg.AssetCheckResult:
     from dgx_assets.training.outputs import read_model_info
-    from dgx_assets.training.tracking import CHAMPION_ALIAS, alias_metric
+    from dgx_assets.tracking.registry import CHAMPION_ALIAS, alias_metric
 
     info = read_model_info(lake.lake)
     metrics = info["test_metrics"]

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dgx_assets.lake import Lake
-from dgx_assets.training.tracking import CANDIDATE_ALIAS, TrackedModel
+from dgx_assets.tracking.registry import CANDIDATE_ALIAS
+from dgx_assets.training.tracking import TrackedModel
 
 TRAINED_MODEL_ASSET = "trained_model"
 MODEL_FILE = "model.keras"

@@ -46,11 +46,8 @@ def hyperparameter_search(context: dg.AssetExecutionContext, config: Hyperparame
     except ImportError as error:
         raise dg.Failure("hyperparameter_search needs Ray: pip install 'dgx_assets[ray]' (ray[tune])") from error
     from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
-    from dgx_assets.training.tracking import (
-        DagsterLineage,
-        TrackingConfig,
-        TrackingConfigError,
-    )
+    from dgx_assets.tracking.lineage import DagsterLineage
+    from dgx_assets.tracking.store import TrackingConfigError
     from dgx_assets.tuning.search import SearchConfig, SearchConfigError
     from dgx_assets.tuning.tracking import search_and_track
 
@@ -60,7 +57,7 @@ def hyperparameter_search(context: dg.AssetExecutionContext, config: Hyperparame
     if not paths:
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
     search = SearchConfig(**(config.model_dump() | {"batch_sizes": tuple(config.batch_sizes)}))
-    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, mlflow.registered_model_name)
+    tracking = mlflow.tracking_config()
     lineage = DagsterLineage(run_id=context.run_id, asset_key=context.asset_key.to_user_string(),
                              partition_keys=tuple(partitions), code_version="1", job_name=context.job_name)
     try:

@@ -10,7 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from dgx_assets.training import tracking as lineage_tracking
+from dgx_assets.tracking.hardware import hardware_baseline, hardware_tags
+from dgx_assets.tracking.lineage import (
+    DagsterLineage,
+    code_revision,
+    dataset_digest,
+    describe_files,
+    feature_dataset,
+    lineage_tags,
+)
+from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, ensure_experiment, run_url
 from dgx_assets.training.dataset import (
     FeatureDataError,
     FeatureFiles,
@@ -42,29 +51,29 @@ def head_data(files: FeatureFiles) -> HeadData:
 
 
 def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchConfig,
-                     tracking: lineage_tracking.TrackingConfig, lineage: lineage_tracking.DagsterLineage,
+                     tracking: TrackingConfig, lineage: DagsterLineage,
                      log: Any = None) -> TrackedSearch:
     config.validate()
-    lineage_tracking.check_tracking_uri(tracking.tracking_uri)
+    check_tracking_uri(tracking.tracking_uri)
     data = head_data(files)
     import mlflow
     from mlflow import MlflowClient
 
     mlflow.set_tracking_uri(tracking.tracking_uri)
     client = MlflowClient(tracking.tracking_uri)
-    experiment_id = lineage_tracking.ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
-    entries = lineage_tracking.describe_files(files)
-    digest = lineage_tracking.dataset_digest(entries, ["train", "validation"])
-    commit = lineage_tracking.code_revision()
-    hardware = lineage_tracking.hardware_baseline()
-    tags = lineage_tracking._lineage_tags(lineage, commit) | lineage_tracking.hardware_tags(hardware) | {
+    experiment_id = ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
+    entries = describe_files(files)
+    digest = dataset_digest(entries, ["train", "validation"])
+    commit = code_revision()
+    hardware = hardware_baseline()
+    tags = lineage_tags(lineage, commit) | hardware_tags(hardware) | {
         "dgx.data_digest": digest, "dgx.search": "ray-tune-asha"}
     run_name = f"{SEARCH_ASSET}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as parent:
         mlflow.log_params({f"search_{k}": (list(v) if isinstance(v, tuple) else ("" if v is None else v))
                            for k, v in dataclasses.asdict(config).items()})
         profile = {"num_rows": int(len(data.train_y) + len(data.val_y)), "files": len(entries), "sha256": digest}
-        mlflow.log_input(lineage_tracking._feature_dataset("image_features[train+validation]", lake.asset_uri("image_features"),
+        mlflow.log_input(feature_dataset("image_features[train+validation]", lake.asset_uri("image_features"),
                                                            digest, profile), context="training")
         outcome = run_search(spark, data, config, log=log)
         for trial in outcome.trials:
@@ -82,5 +91,5 @@ def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchC
             "dagster_run_id": lineage.run_id, "searched_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "objective": "classifier head (dropout + softmax) on image_features' train embeddings, validation loss"})
         mlflow.log_dict({"best": outcome.best_config, "validation": outcome.best_metrics, "uri": uri}, "search/best_config.json")
-    return TrackedSearch(parent.info.run_id, lineage_tracking.run_url(tracking.tracking_uri, experiment_id, parent.info.run_id),
+    return TrackedSearch(parent.info.run_id, run_url(tracking.tracking_uri, experiment_id, parent.info.run_id),
                          outcome, uri, digest)

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from dgx_assets.training.tracking import (
-    EXPERIMENT_KIND_TAG,
-    TRAINING_EXPERIMENT,
-    DagsterLineage,
-    TrackingConfig,
-    ensure_experiment,
-    train_and_track,
-)
+from dgx_assets.tracking.lineage import DagsterLineage
+from dgx_assets.tracking.store import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT, TrackingConfig, ensure_experiment
+from dgx_assets.training.tracking import train_and_track
 from dgx_assets.training.train import TrainConfig
 
 MODEL = "ui_defect_classifier"
@@ -71,7 +66,7 @@ def test_logged_model_carries_the_final_test_metrics(tracked):
 
 
 def test_roc_curve_is_drawn_for_the_class_an_inspector_hunts():
-    from dgx_assets.training.tracking import hunted_class
+    from dgx_assets.training.figures import hunted_class
 
     assert hunted_class(["defective", "functional"], [1, 1, 0]) == 0
     assert hunted_class(["good", "scratched"], [0, 0, 0, 1]) == 1  # no `defective`: the rarer class
