@@ -3,7 +3,7 @@
 trained_model (issue 3) is stood in for by a small asset that writes exactly what its contract says —
 `<lake>/trained_model/model.keras`, `model_info.json`, an MLflow run and a registered version — plus a
 blocking check whose verdict the test chooses. raw_images and image_features rows are written per
-DESIGN.md's table layout.
+the table layout of docs/architecture.md.
 """
 
 import json
@@ -109,7 +109,7 @@ def run(env, selection=None, trained_passes=True, edge_config=None, gate_config=
 def champion(env):
     from mlflow import MlflowClient
 
-    from dgx_assets.edge.promotion import current_alias_version
+    from dgx_assets.tracking.registry import current_alias_version
 
     return current_alias_version(MlflowClient(tracking_uri=env["tracking_uri"]), MODEL_NAME)
 
@@ -120,7 +120,11 @@ def check_result(result, name):
     return evaluations[0]
 
 
-def test_edge_model_materializes_logs_to_mlflow_and_promotes_when_both_gates_pass(edge_env):
+def materialized(result, name):
+    return bool(result.asset_materializations_for_node(name))
+
+
+def test_edge_model_materializes_logs_to_mlflow_and_champion_model_promotes_when_both_gates_pass(edge_env):
     from mlflow import MlflowClient
 
     result = run(edge_env)
@@ -144,34 +148,42 @@ def test_edge_model_materializes_logs_to_mlflow_and_promotes_when_both_gates_pas
     probabilities = runner(image=np.full((1, RAW_SIZE, RAW_SIZE, 1), 140, np.uint8))["probabilities"]
     assert probabilities.shape == (1, 2)
 
-    parity = check_result(result, "parity")
-    assert parity.passed and parity.metadata["promoted"].value is True
+    assert check_result(result, "parity").passed
     client = MlflowClient(tracking_uri=edge_env["tracking_uri"])
     run_id = metadata["mlflow_run_id"].value
     artifacts = {a.path for a in client.list_artifacts(run_id, "edge_model")}
     assert {"edge_model/model.tflite", "edge_model/parity.png", "edge_model/parity.json"} <= artifacts
     mlflow_run = client.get_run(run_id)
     assert mlflow_run.data.metrics["edge_top1_agreement"] >= 0.99
+
+    # The promotion is champion_model's materialization, not a side effect of the check.
+    promotion = result.asset_materializations_for_node("champion_model")[0].metadata
+    assert promotion["model_version"].value == f"{MODEL_NAME} v1" and promotion["previous_champion"].value == "none"
+    assert "beats_baseline passed" in promotion["gates"].value and "parity passed" in promotion["gates"].value
     assert mlflow_run.data.tags["dgx.promotion"] == "champion (version 1)"
+    assert client.get_model_version(MODEL_NAME, "1").tags["dgx.promotion"] == "champion"
     assert champion(edge_env) == "1"
 
 
-def test_a_failed_trained_model_check_blocks_edge_model_and_promotion(edge_env):
-    result = run(edge_env, trained_passes=False)
+def test_a_failed_trained_model_check_skips_champion_model_and_the_champion_stays(edge_env):
+    assert run(edge_env).success and champion(edge_env) == "1"
+
+    result = run(edge_env, trained_passes=False)  # registers version 2, whose blocking check fails
     assert not check_result(result, "beats_baseline").passed
-    assert not result.asset_materializations_for_node("edge_model")  # blocked downstream
-    assert champion(edge_env) is None
+    assert not materialized(result, "edge_model") and not materialized(result, "champion_model")  # blocked downstream
+    assert champion(edge_env) == "1"
 
-    # Materializing edge_model on its own later still honours trained_model's failed gate.
-    result = run(edge_env, selection=["edge_model"])
-    assert result.success
-    parity = check_result(result, "parity")
-    assert parity.passed and parity.metadata["promoted"].value is False
-    assert "beats_baseline failed" in parity.metadata["trained_model_gate"].value
-    assert champion(edge_env) is None
+    # Materialized later in a run of their own, edge_model and champion_model still honour trained_model's failed
+    # check: the promotion fails closed, says why, and the champion stays.
+    result = run(edge_env, selection=["edge_model", "champion_model"])
+    assert check_result(result, "parity").passed and materialized(result, "edge_model")
+    assert not materialized(result, "champion_model") and not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure and e.step_key == "champion_model")
+    assert "beats_baseline failed" in failure.step_failure_data.user_failure_data.description
+    assert champion(edge_env) == "1"
 
 
-def test_mismatched_preprocessing_fails_the_blocking_parity_check(edge_env):
+def test_mismatched_preprocessing_fails_the_blocking_parity_check_and_skips_champion_model(edge_env):
     from mlflow import MlflowClient
 
     result = run(edge_env, edge_config={"input_scale": 1 / 255})
@@ -179,7 +191,11 @@ def test_mismatched_preprocessing_fails_the_blocking_parity_check(edge_env):
     parity = check_result(result, "parity")
     assert not parity.passed and parity.severity == dg.AssetCheckSeverity.ERROR
     assert parity.metadata["top1_agreement"].value < 0.99
-    assert parity.metadata["promoted"].value is False
-    assert champion(edge_env) is None
+    assert "promoted" not in parity.metadata  # the check only judges
+    assert not materialized(result, "champion_model") and champion(edge_env) is None
+
+    # champion_model alone afterwards: the failed parity check holds it back, and the decision is tagged in MLflow.
+    result = run(edge_env, selection=["champion_model"])
+    assert not materialized(result, "champion_model") and champion(edge_env) is None
     version = MlflowClient(tracking_uri=edge_env["tracking_uri"]).get_model_version(MODEL_NAME, "1")
-    assert version.tags["dgx.promotion"] == "blocked" and "agreement" in version.tags["dgx.gate.edge_parity"]
+    assert version.tags["dgx.promotion"] == "blocked" and version.tags["dgx.gate.edge_model"] == "failed: parity failed"
