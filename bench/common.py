@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dgx_assets import settings
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
 
@@ -45,18 +47,8 @@ def check(condition: bool, message: str) -> None:
 
 
 def prepare_environment() -> None:
-    """Loopback only, no telemetry, the venv's Python for Spark workers (DESIGN.md: known pitfalls)."""
-    defaults = {
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "GX_ANALYTICS_ENABLED": "false",
-        "DAGSTER_DISABLE_TELEMETRY": "true",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
+    """Loopback only, no telemetry, the venv's Python for Spark workers (docs/architecture.md: known pitfalls)."""
+    settings.apply_process_defaults()
 
 
 def work_dir(name: str) -> Path:

@@ -111,7 +111,7 @@ def event_breakdown(dagster_home: Path) -> dict:
 
 
 def run(report: Report, args) -> None:
-    from dgx_assets.generation import launcher
+    from bench.quick_generator import cached_quick_generator
 
     limit, batches = (200, 1) if args.quick else (args.limit, 3)
     folder = work_dir(NAME)
@@ -121,7 +121,7 @@ def run(report: Report, args) -> None:
         path.mkdir(parents=True)
     (dagster_home / "dagster.yaml").write_text(DAGSTER_YAML.format(base=dagster_home))
     # The generator the local serving processes load: built once (cached), copied where the demo looks.
-    shutil.copytree(launcher.cached_quick_generator(), state / "ernie_generator")
+    shutil.copytree(cached_quick_generator(), state / "ernie_generator")
 
     env = dict(os.environ, DGX_STATE_DIR=str(state), DAGSTER_HOME=str(dagster_home))
     for variable in ("DGX_LAKE_ROOT", "DGX_LANDING_URI", "DGX_PROMPTS_URI", "MLFLOW_TRACKING_URI",

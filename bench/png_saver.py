@@ -199,12 +199,13 @@ def run(report: Report, args) -> None:
     isolate_state(NAME)
     import shutil
 
+    from bench.quick_generator import cached_quick_generator
     from dgx_assets.generation import launcher
 
     small, large = (500, 5_000) if args.quick else (10_000, 100_000)
     report.params.update(image_counts=[small, large], image_size=SIZE, servers=2,
                          client_concurrency_per_task=CLIENT_CONCURRENCY)
-    model_dir = launcher.cached_quick_generator()
+    model_dir = cached_quick_generator()
     servers = launcher.start_local_servers(2, model_dir, log_dir=work_dir(NAME) / "logs")
     runs = {}
     try:

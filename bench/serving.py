@@ -2,7 +2,8 @@
 
 Every serving process runs the real generator wrapped in `bench.serving_engines:fixed_latency` (plugged
 in with `--engine`: each request keeps its inference thread at least that long; the product has no such
-option), so the figures measure the client and the server, not this CPU. The client is the one Spark executors use (`dgx_assets.generation.client.ErnieClient`, pooled keep-alive
+option), so the figures measure the client and the server, not this CPU. The client is the one Spark executors use
+(`dgx_assets.generation.client.ErnieClient`, pooled keep-alive
 connections, round-robin over endpoints); servers are started with `generation.launcher`. Images are
 64x64 so that encoding them costs next to nothing.
 
@@ -140,6 +141,7 @@ def sequential_latencies(client, calls: int) -> list[float]:
 
 def run(report: Report, args) -> None:
     isolate_state(NAME)
+    from bench.quick_generator import cached_quick_generator
     from dgx_assets.generation import launcher
 
     fixed_ms = args.fixed_latency_ms or (50.0 if args.quick else 100.0)
@@ -149,7 +151,7 @@ def run(report: Report, args) -> None:
     report.params.update(fixed_latency_ms=fixed_ms, image_size=SIZE, client_concurrency=CONCURRENCY,
                          burst_requests=burst_requests, time_wait_requests=time_wait_requests,
                          sequential_calls=sequential_calls)
-    model_dir = launcher.cached_quick_generator()  # shared with the tests, rebuilt when its code changes
+    model_dir = cached_quick_generator()  # shared with the tests, rebuilt when its code changes
     seeds = [0, 1, 2, 3]
     bare = bare_predictor(model_dir, fixed_ms, sequential_calls, seeds)
 

@@ -4,10 +4,9 @@ Kept cheap to import (no tensorflow, paddle, pyspark or great_expectations here)
 daemon and every sensor tick load it.
 """
 
-import os
-
 import dagster as dg
 
+from dgx_assets import settings
 from dgx_assets.challenger import definitions as challenger
 from dgx_assets.edge import definitions as edge
 from dgx_assets.generation import definitions as generation
@@ -46,5 +45,5 @@ defs = dg.Definitions.merge(
     edge.defs,
     generation.defs,
     reporting.defs,
-    dg.Definitions(resources=RESOURCES, executor=_executor(os.environ.get("DGX_DEPLOYMENT", "local"))),
+    dg.Definitions(resources=RESOURCES, executor=_executor(settings.deployment())),
 )

@@ -9,12 +9,13 @@ from __future__ import annotations
 from urllib.parse import quote
 
 
+# MLflow 3.17's UI takes its GenAI or model-training view from this parameter (then from the view last chosen,
+# GenAI by default), not from the experiment's `mlflow.experimentKind` tag: run links ask for the training view.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def mlflow_run(ui_url: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
-def mlflow_experiment(ui_url: str, experiment_id: str) -> str:
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}"
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
 
 
 def mlflow_model_version(ui_url: str, model_name: str, version: str) -> str:

@@ -7,9 +7,11 @@ so one process can point at a test lake and the next at HDFS without reimporting
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 DEPLOYMENTS = ("local", "standalone", "k8s")
+DEFAULT_RETRAIN_CRON = "0 2 * * *"  # nightly, 02:00
 
 
 def repo_root() -> Path:
@@ -66,3 +68,52 @@ def mlflow_ui_url() -> str:
 def dagster_ui_url() -> str:
     """Where a browser opens the Dagster UI (DGX_DAGSTER_UI_URL); the default is what `make dev` serves."""
     return (os.environ.get("DGX_DAGSTER_UI_URL") or "http://127.0.0.1:3000").rstrip("/")
+
+
+def spark_event_log() -> str:
+    """DGX_SPARK_EVENT_LOG: the cluster profiles' Spark event log (what the History Server reads)."""
+    return os.environ.get("DGX_SPARK_EVENT_LOG") or "file:///tmp/spark-events"
+
+
+def k8s_namespace() -> str:
+    return os.environ.get("DGX_K8S_NAMESPACE") or "dgx-assets"
+
+
+def spark_image() -> str:
+    """DGX_SPARK_IMAGE: the executor image of the `k8s` Spark profile."""
+    return os.environ.get("DGX_SPARK_IMAGE") or "dgx-assets/code-location:0.1.0"
+
+
+def pod_ip() -> str:
+    """POD_IP (the downward API): where executors reach a driver running in a step pod."""
+    return os.environ.get("POD_IP") or "127.0.0.1"
+
+
+def retrain_schedule() -> tuple[str, str]:
+    """DGX_RETRAIN_CRON and DGX_RETRAIN_TIMEZONE: when the retraining schedule fires."""
+    return os.environ.get("DGX_RETRAIN_CRON") or DEFAULT_RETRAIN_CRON, os.environ.get("DGX_RETRAIN_TIMEZONE") or "UTC"
+
+
+def ernie_token() -> str | None:
+    """DGX_ERNIE_TOKEN: the bearer token the client sends to the serving endpoints."""
+    return os.environ.get("DGX_ERNIE_TOKEN") or None
+
+
+def process_defaults() -> dict[str, str]:
+    """What these machines need before Spark, MLflow, GE or TensorFlow start: loopback only, the running Python
+    for Spark's workers, no telemetry (there is no internet), TensorFlow's C++ log at warnings."""
+    return {
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "GX_ANALYTICS_ENABLED": "false",
+        "DAGSTER_DISABLE_TELEMETRY": "true",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+
+
+def apply_process_defaults() -> None:
+    """Set `process_defaults()` in this process where the environment does not say otherwise."""
+    for key, value in process_defaults().items():
+        os.environ.setdefault(key, value)

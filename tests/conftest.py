@@ -1,4 +1,9 @@
-"""Test-wide setup: every test writes under a temporary state dir, Spark stays on loopback."""
+"""Test-wide setup: every test writes under a temporary state dir, Spark stays on loopback.
+
+Two tiers: a module marked `pytestmark = pytest.mark.unit` starts no JVM, no server and no subprocess
+(`make test-unit`, a minute or two); every other test is marked `integration` here. A test of a unit module
+that does start something carries `@pytest.mark.integration` itself.
+"""
 
 import os
 import sys
@@ -8,15 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for tests/imagefactory.py
 
-os.environ.update(
-    SPARK_LOCAL_IP="127.0.0.1",
-    PYSPARK_PYTHON=sys.executable,
-    PYSPARK_DRIVER_PYTHON=sys.executable,
-    MLFLOW_DISABLE_TELEMETRY="true",
-    GX_ANALYTICS_ENABLED="false",
-    DAGSTER_DISABLE_TELEMETRY="true",
-    TF_CPP_MIN_LOG_LEVEL="2",
-)
+from dgx_assets import settings
+
+os.environ.update(settings.process_defaults())  # the project's own, not whatever the shell has
 for variable in ("DGX_LAKE_ROOT", "DGX_LANDING_URI", "DGX_PROMPTS_URI", "DGX_DEPLOYMENT", "DGX_SPARK_MASTER",
                  "MLFLOW_TRACKING_URI", "DGX_ERNIE_ENDPOINTS"):
     os.environ.pop(variable, None)
@@ -72,6 +71,12 @@ def one_paddle_thread():
 @pytest.fixture(scope="session")
 def quick_model(one_paddle_thread):
     """A quick generator, built once per version of the generator's code (cached under <repo>/.dgx/cache)."""
-    from dgx_assets.generation import launcher
+    from bench.quick_generator import cached_quick_generator
 
-    return launcher.cached_quick_generator()
+    return cached_quick_generator()
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.integration)

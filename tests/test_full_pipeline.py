@@ -10,10 +10,10 @@ import dagster as dg
 import pytest
 from PIL import Image
 
+from bench.quick_generator import cached_quick_generator
 from dgx_assets.demo import seed_landing
 from dgx_assets.edge import definitions as edge
 from dgx_assets.generation import definitions as generation
-from dgx_assets.generation.launcher import cached_quick_generator
 from dgx_assets.generation.prompts import write_demo_prompts
 from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.ingest import definitions as ingest

@@ -8,7 +8,6 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import time
 from typing import Any
 
 from dgx_assets.challenger.xgb import (
@@ -17,16 +16,13 @@ from dgx_assets.challenger.xgb import (
     train_challenger,
 )
 from dgx_assets.lake import Lake
-from dgx_assets.tracking.hardware import hardware_baseline, hardware_tags
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
-    code_revision,
     dataset_digest,
-    describe_files,
     feature_dataset,
-    lineage_tags,
 )
-from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, ensure_experiment, run_url
+from dgx_assets.tracking.run import prepare_run
+from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, run_url
 from dgx_assets.training.dataset import FeatureFiles
 
 CHALLENGER_ASSET = "challenger_model"
@@ -61,21 +57,15 @@ def train_and_track_challenger(
     say = log or (lambda message: None)
     import mlflow
     import mlflow.xgboost
-    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(tracking.tracking_uri)
-    client = MlflowClient(tracking.tracking_uri)
-    experiment_id = ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
-    entries = describe_files(files)
+    setup = prepare_run(tracking, lineage, files, CHALLENGER_ASSET)
+    client, experiment_id, entries = setup.client, setup.experiment_id, setup.entries
+    commit, hardware = setup.commit, setup.hardware
     digests = {context: dataset_digest(entries, splits)
                for context, splits in (("training", ["train", "validation"]), ("test", ["test"]))}
     data_digest = dataset_digest(entries, ["train", "validation", "test"])
-    commit = code_revision()
-    hardware = hardware_baseline()
-    tags = (lineage_tags(lineage, commit) | hardware_tags(hardware)
-            | {"dgx.data_digest": data_digest, "dgx.model_family": "xgboost"})
-    run_name = f"{CHALLENGER_ASSET}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+    tags = setup.tags | {"dgx.data_digest": data_digest, "dgx.model_family": "xgboost"}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as run:
         say(f"MLflow run {run.info.run_id} in experiment {tracking.experiment_name!r}")
         result = train_challenger(spark, files, uris, config, log=say)
         mlflow.log_params(result.params | {"embedding_dims": result.embedding_dims,

@@ -10,7 +10,7 @@ from typing import Optional
 import dagster as dg
 
 from dgx_assets import metadata as ui
-from dgx_assets.generation import generate
+from dgx_assets.generation import generate, table
 from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.resources import LakeResource
 from dgx_assets.spark.parquet import image_table_options
@@ -81,7 +81,7 @@ def ernie_generated_images(
         raise dg.Failure(f"The prompts table {prompts_uri} has no rows.")
 
     previous = None
-    if not config.redo_all and generate.table_files(store, final):
+    if not config.redo_all and table.table_files(store, final):
         previous = generate.spark_table(session, store, final)
 
     todo, kept = generate.split_work(prompts, previous)
@@ -106,8 +106,8 @@ def ernie_generated_images(
             raise
 
     store.commit(staging, final)
-    written = generate.written_dataset(store, final)
-    summary = generate.summarize(written)
+    written = table.written_dataset(store, final)
+    summary = table.summarize(written)
     reused = prompt_count - pending
     metadata = {
         "dagster/row_count": summary["prompts"],
@@ -130,11 +130,11 @@ def ernie_generated_images(
     if summary["sent"] == 0:
         raise dg.Failure(
             description=(f"Every one of the {summary['prompts']} prompts in {prompts_uri} is invalid (first problems: "
-                         f"{' | '.join(generate.first_errors(written))}): fix the prompts table and re-materialize."),
+                         f"{' | '.join(table.first_errors(written))}): fix the prompts table and re-materialize."),
             metadata=metadata,
         )
     if summary["valid"] == 0:
-        errors = generate.first_errors(written)
+        errors = table.first_errors(written)
         raise dg.Failure(
             description=(
                 f"No image could be generated for any of the {summary['prompts']} prompts "

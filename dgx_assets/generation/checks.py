@@ -4,9 +4,9 @@ sent (blocking), and a prompts table without unusable rows (warning)."""
 import dagster as dg
 
 from dgx_assets import settings
-from dgx_assets.generation import generate
+from dgx_assets.generation import generate, table
 from dgx_assets.generation.assets import ASSET_KEY, ernie_generated_images
-from dgx_assets.ingest.expectations import run_suite
+from dgx_assets.quality.expectations import run_suite
 from dgx_assets.resources import LakeResource
 from dgx_assets.spark.resource import SparkResource
 
@@ -32,18 +32,18 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
 
     store = lake.lake
     final = store.asset_uri(ASSET_KEY)
-    written = generate.written_dataset(store, final)
+    written = table.written_dataset(store, final)
     if written is None:
         return _no_table(final)
-    summary = generate.summarize(written)
+    summary = table.summarize(written)
     frame = generate.spark_table(spark.spark_session, store, final).drop("content")
-    sent = frame.where(frame.status != generate.INVALID_PROMPT)  # invalid prompts: generated_prompts_valid
+    sent = frame.where(frame.status != table.INVALID_PROMPT)  # invalid prompts: generated_prompts_valid
     outcome = run_suite(
         sent,
         "ernie_generated_valid_share",
         [
             gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[generate.VALID],
+            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[table.VALID],
                                                         mostly=config.min_valid_share),
             gx.expectations.ExpectColumnValuesToBeUnique(column="file_name"),
         ],
@@ -52,7 +52,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
     )
     passed = summary["sent"] > 0 and outcome.success and summary["valid_share"] >= config.min_valid_share
     bad = {status: n for status, n in summary["status_counts"].items()
-           if status not in (generate.VALID, generate.INVALID_PROMPT)}
+           if status not in (table.VALID, table.INVALID_PROMPT)}
     what_to_fix = "" if passed else (
         f"{summary['valid']} of the {summary['sent']} prompts that could be sent have a valid image "
         f"({summary['valid_share']:.1%}, at least {config.min_valid_share:.0%} needed; not valid: {bad}). "
@@ -87,10 +87,10 @@ def generated_prompts_valid(lake: LakeResource) -> dg.AssetCheckResult:
 
     store = lake.lake
     final = store.asset_uri(ASSET_KEY)
-    written = generate.written_dataset(store, final)
+    written = table.written_dataset(store, final)
     if written is None:
         return _no_table(final)
-    invalid = written.to_table(columns=["id", "error"], filter=pc.field("status") == generate.INVALID_PROMPT)
+    invalid = written.to_table(columns=["id", "error"], filter=pc.field("status") == table.INVALID_PROMPT)
     examples = invalid.slice(0, 20).to_pylist()
     what_to_fix = "" if not invalid.num_rows else (
         f"{invalid.num_rows} row(s) of the prompts table cannot be sent and were skipped: "

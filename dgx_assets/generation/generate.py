@@ -10,37 +10,17 @@ PNG files are written by the executors as each batch completes, so the driver ne
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
-import hashlib
-import io
-import re
-import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
-from dgx_assets.generation.client import BAD_REPLY, ClientSettings, get_client
+from dgx_assets.generation.client import ClientSettings, get_client
+from dgx_assets.generation.rows import DEFAULT_ID_KEY_CHARS, DEFAULT_ID_PREFIX, generate_rows, start_row
+from dgx_assets.generation.table import COLUMNS, GENERATED_SCHEMA, VALID, table_files
 
 if TYPE_CHECKING:
     import pandas as pd
-
-VALID = "valid"
-CORRUPTED = "corrupted"
-DECODE_ERROR = "decode_error"
-FAILED = "failed"  # the service could not be reached or kept failing
-REJECTED = "rejected"  # the service refused the request (4xx / err_no 5xxx): retrying will not help
-# BAD_REPLY (client): the service answered, but not in the protocol's shape (wrong JSON types, missing fields)
-INVALID_PROMPT = "invalid_prompt"  # the prompts table row itself is unusable; never sent
-STATUSES = (VALID, CORRUPTED, DECODE_ERROR, FAILED, BAD_REPLY, REJECTED, INVALID_PROMPT)
-REGENERATE = {CORRUPTED, DECODE_ERROR, FAILED, BAD_REPLY}
-
-GENERATED_SCHEMA = (
-    "id string, prompt string, label string, width int, height int, seed long, used_prompt string, "
-    "truncated boolean, content binary, file_name string, png_path string, status string, error string, "
-    "endpoint string, latency_s double, attempts int, http_tries int, request_key string, generated_at timestamp"
-)
-COLUMNS = [part.strip().split(" ")[0] for part in GENERATED_SCHEMA.split(",")]
 
 
 @dataclass(frozen=True)
@@ -57,116 +37,9 @@ class GenerationJob:
     tasks: int = 2  # Spark tasks the prompts are spread over
 
 
-# --- plain functions ------------------------------------------------------------------------------------
+# --- executor side -------------------------------------------------------------------------------------
 
-def safe_file_name(prompt_id: str | None, request_key: str) -> str:
-    """A file name that is safe on any filesystem whatever the id holds ('../../etc/passwd', '', 'a/b').
-
-    Readable part from the id, plus a hash that keeps different ids (and different prompts under the
-    same id) from ever sharing a file.
-    """
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", prompt_id or "").strip("._-")[:60] or "prompt"
-    digest = hashlib.sha256(f"{prompt_id}\x1f{request_key}".encode("utf-8", "replace")).hexdigest()[:12]
-    return f"{readable}-{digest}.png"
-
-
-def classify_image(payload_b64: str | None, width: int, height: int) -> tuple[str, bytes | None, str | None]:
-    """(status, PNG bytes for valid images, reason) for one reply's image."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        data = base64.b64decode(payload_b64 or "", validate=True)
-    except (binascii.Error, ValueError):
-        return DECODE_ERROR, None, "the reply's image is not valid base64"
-    if not data:
-        return DECODE_ERROR, None, "the reply's image is empty"
-    try:
-        image = Image.open(io.BytesIO(data))
-        kind = image.format
-    except UnidentifiedImageError:
-        return DECODE_ERROR, None, f"not an image: {len(data)} bytes starting {data[:8].hex()}"
-    except Exception as error:  # noqa: BLE001 - any decoder failure is a classification, not a crash
-        return DECODE_ERROR, None, f"not an image: {type(error).__name__}: {error}"[:300]
-    try:
-        image.verify()  # chunk CRCs and structure
-        with Image.open(io.BytesIO(data)) as decoded:
-            decoded.load()  # every pixel: a truncated stream fails here
-            size = decoded.size
-            if kind != "PNG":  # the PNG files and the table hold PNG whatever the server sent
-                buffer = io.BytesIO()
-                decoded.save(buffer, format="PNG")
-                data = buffer.getvalue()
-    except Exception as error:  # noqa: BLE001
-        return CORRUPTED, None, f"damaged {kind}: {type(error).__name__}: {error}"[:300]
-    if size != (width, height):
-        return CORRUPTED, None, f"image is {size[0]}x{size[1]}, asked for {width}x{height}"
-    return VALID, data, None
-
-
-def _integer(text, name: str, default: int | None) -> tuple[int | None, str | None]:
-    """(value, problem) for a table cell that should hold an integer; blank means the default."""
-    if text is None or str(text).strip() == "":
-        return default, None
-    match = re.fullmatch(r"\s*(-?\d{1,12})(?:\.0*)?\s*", str(text))
-    if not match:
-        return None, f"{name} {str(text)[:30]!r} is not an integer"
-    return int(match.group(1)), None
-
-
-# A prompt without an id is named after its request key, so it keeps its id from run to run.
-DEFAULT_ID_PREFIX, DEFAULT_ID_KEY_CHARS = "row-", 12
-
-
-def start_row(record: dict, job: GenerationJob, now: dt.datetime) -> dict:
-    """An output row for one prompt, with its request parsed (or the reason it cannot be sent)."""
-    key = record["request_key"]
-    prompt_id = record.get("id") or f"{DEFAULT_ID_PREFIX}{key[:DEFAULT_ID_KEY_CHARS]}"
-    width, width_problem = _integer(record.get("width"), "width", job.default_width)
-    height, height_problem = _integer(record.get("height"), "height", job.default_height)
-    seed, seed_problem = _integer(record.get("seed"), "seed", zlib.crc32(prompt_id.encode("utf-8", "replace")))
-    prompt = record.get("prompt")
-    problems = [p for p in (width_problem, height_problem, seed_problem) if p]
-    if prompt is None or not prompt.strip():
-        problems.insert(0, "the prompt is empty")
-    for name, value in (("width", width), ("height", height)):
-        if value is not None and value <= 0:
-            problems.append(f"{name} must be positive, got {value}")
-    if seed is not None and not 0 <= seed < 2**32:
-        problems.append(f"seed must be 0..{2**32 - 1}, got {seed}")
-    return {
-        "id": prompt_id, "prompt": prompt, "label": record.get("label"), "width": width, "height": height,
-        "seed": seed, "used_prompt": None, "truncated": None, "content": None,
-        "file_name": safe_file_name(prompt_id, key), "png_path": None,
-        "status": INVALID_PROMPT if problems else None, "error": "; ".join(problems) or None,
-        "endpoint": None, "latency_s": None, "attempts": 0, "http_tries": 0, "request_key": key,
-        "generated_at": now,
-    }
-
-
-def generate_rows(client, rows: list[dict], max_attempts: int) -> None:
-    """Fill in `rows` (from `start_row`) by calling the service, regenerating bad results."""
-    pending = [row for row in rows if row["status"] != INVALID_PROMPT]
-    for attempt in range(1, max_attempts + 1):
-        if not pending:
-            break
-        replies = client.generate_many([(r["prompt"], r["width"], r["height"], r["seed"]) for r in pending])
-        still = []
-        for row, reply in zip(pending, replies):
-            row["attempts"] = attempt
-            row["http_tries"] += reply.tries
-            row["endpoint"] = reply.endpoint or row["endpoint"]
-            if reply.ok:
-                status, content, reason = classify_image(reply.payload_b64, row["width"], row["height"])
-                row.update(status=status, content=content, error=reason, latency_s=reply.latency_s,
-                           truncated=reply.truncated, used_prompt=reply.used_prompt)
-            else:
-                status = {"rejected": REJECTED, BAD_REPLY: BAD_REPLY}.get(reply.error_kind, FAILED)
-                row.update(status=status, error=reply.error, content=None)
-            if row["status"] in REGENERATE:
-                still.append(row)
-        pending = still
-
-
+# One Lake per Python worker and lake root: Spark reuses workers across tasks.
 _LAKES: dict = {}
 
 
@@ -191,12 +64,12 @@ def write_pngs(rows: list[dict], job: GenerationJob) -> None:
 def generate_batches(job: GenerationJob):
     """mapInPandas body for prompts to generate: one output row per input prompt."""
 
-    def run(frames: Iterator["pd.DataFrame"]) -> Iterator["pd.DataFrame"]:
+    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         client = get_client(job.client)
         for frame in frames:
-            now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+            now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
             rows = [start_row(record, job, now) for record in _records(frame)]
             generate_rows(client, rows, job.max_attempts)
             write_pngs(rows, job)
@@ -208,7 +81,7 @@ def generate_batches(job: GenerationJob):
 def rewrite_batches(job: GenerationJob):
     """mapInPandas body for rows kept from the previous run: their PNG files go into the new version."""
 
-    def run(frames: Iterator["pd.DataFrame"]) -> Iterator["pd.DataFrame"]:
+    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         for frame in frames:
@@ -277,67 +150,7 @@ def generated_frame(todo, kept, job: GenerationJob):
     return frame
 
 
-def build_generated_frame(prompts, job: GenerationJob, previous=None):
-    """Everything in one: split the work against `previous`, generate what is needed, keep the rest."""
-    todo, kept = split_work(prompts, previous)
-    return generated_frame(todo, kept, job)
-
-
-def table_files(lake, uri: str) -> list[str]:
-    """The table's Parquet files: Spark writes them at the folder's top, next to the `png/` folder, whose
-    files are not listed (at 100,000 images that listing alone grew the driver by 80 MB)."""
-    return lake.data_files(uri, recursive=False)
-
-
 def spark_table(session, lake, uri: str):
     """The table as a Spark DataFrame, read from its files by name: reading the folder would make Spark list
     the 100,000 PNGs in `png/`, and a `*.parquet` glob makes it log a stack trace looking for metadata."""
     return session.read.parquet(*[lake.uri_of(path) for path in table_files(lake, uri)])
-
-
-def written_dataset(lake, uri: str):
-    """The written table as a pyarrow dataset (nothing read yet), or None when there is none."""
-    import pyarrow.dataset as ds
-
-    files = table_files(lake, uri)
-    return ds.dataset(files, filesystem=lake.fs, format="parquet") if files else None
-
-
-def summarize(dataset) -> dict:
-    """Counts per status and endpoint, streamed over three small columns: the driver's memory stays flat
-    however many images the table holds."""
-    import pyarrow.compute as pc
-
-    statuses: dict[str, int] = {}
-    endpoints: dict[str, int] = {}
-    total = truncated = 0
-    for batch in dataset.to_batches(columns=["status", "truncated", "endpoint"]):
-        total += batch.num_rows
-        truncated += pc.sum(batch.column("truncated")).as_py() or 0
-        for counts, column in ((statuses, "status"), (endpoints, "endpoint")):
-            for entry in pc.value_counts(batch.column(column)).to_pylist():
-                if entry["values"]:  # nulls and empty endpoints (rows never sent) are not counted
-                    counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
-    counts = {status: statuses[status] for status in STATUSES if status in statuses}
-    # Images are judged against the prompts that could be sent: a bad prompts-table row is its own problem.
-    sent = total - counts.get(INVALID_PROMPT, 0)
-    return {
-        "prompts": total,
-        "status_counts": counts,
-        "valid": counts.get(VALID, 0),
-        "sent": sent,
-        "invalid_prompts": counts.get(INVALID_PROMPT, 0),
-        "valid_share": counts.get(VALID, 0) / sent if sent else 0.0,
-        "truncated": truncated,
-        "endpoints": endpoints,
-    }
-
-
-def first_errors(dataset, limit: int = 3) -> list[str]:
-    """A few distinct error messages, for a failure's description."""
-    errors: set[str] = set()
-    for batch in dataset.to_batches(columns=["error"]):
-        errors.update(e for e in batch.column("error").drop_null().unique().to_pylist() if e)
-        if len(errors) >= limit:
-            break
-    return sorted(errors)[:limit]

@@ -7,7 +7,6 @@ Nothing here imports paddle: the servers are separate interpreters.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -203,22 +202,3 @@ def ensure_generator(out_dir: str | Path, quick: bool = False) -> Path:
     except LaunchError:
         build_generator(out_dir, quick=quick)
     return Path(out_dir)
-
-
-def source_fingerprint() -> str:
-    """A hash of the generator's source: a cached test model is rebuilt when the code that made it changes."""
-    digest = hashlib.sha256()
-    serving = settings.repo_root() / "dgx_assets" / "serving"
-    for name in ("generator.py", "training_data.py", "tokenizer.py"):
-        digest.update((serving / name).read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def cached_quick_generator(cache_root: str | Path | None = None) -> Path:
-    """A quick generator under `<repo>/.dgx/cache/`, built once per version of the generator's code.
-
-    For tests and smoke runs: seconds to build, and reused until generator.py, training_data.py or
-    tokenizer.py change.
-    """
-    root = Path(cache_root) if cache_root else settings.repo_root() / ".dgx" / "cache"
-    return ensure_generator(root / f"quick-generator-{source_fingerprint()}", quick=True)

@@ -13,7 +13,6 @@ import posixpath
 from dgx_assets.lake import filesystem_for
 
 COLUMNS = ("id", "prompt", "width", "height", "seed", "label")
-OPTIONAL = ("width", "height", "seed", "label")
 
 # Rare defects inspection teams cannot photograph often enough, in English and Chinese.
 DEMO_PROMPTS = [

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import dagster as dg
 from pydantic import Field
@@ -74,7 +75,7 @@ class ErnieServingResource(dg.ConfigurableResource):
 
     @property
     def resolved_token(self) -> Optional[str]:
-        return self.token or os.environ.get("DGX_ERNIE_TOKEN") or None
+        return self.token or settings.ernie_token()
 
     @property
     def resolved_endpoints(self) -> str:

@@ -11,8 +11,8 @@ import dagster as dg
 from dgx_assets import settings
 from dgx_assets.ingest import images
 from dgx_assets.ingest.assets import raw_images
-from dgx_assets.ingest.expectations import SuiteOutcome, run_suite
 from dgx_assets.partitions import image_batches
+from dgx_assets.quality.expectations import SuiteOutcome, run_suite
 from dgx_assets.resources import LakeResource
 from dgx_assets.spark.resource import SparkResource
 
@@ -62,13 +62,13 @@ def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, descrip
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning)
 
 
-def _gx_root():
-    return settings.state_dir() / "gx"
-
-
-def _run_name(check: str, context: dg.AssetCheckExecutionContext) -> str:
-    """How the data docs name this validation: asset, check and batch (GE says `__none__` otherwise)."""
-    return f"{raw_images.key.to_user_string()}.{check}[{context.partition_key}]"
+def _batch_suite(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource, suite: str,
+                 expectations: list, valid_only: bool = False) -> SuiteOutcome:
+    """One GE suite over the check's raw_images batch, named in the data docs by asset, check and batch (GE
+    says `__none__` otherwise)."""
+    frame = _partition_frame(spark, lake, context.partition_key, valid_only=valid_only)
+    run_name = f"{raw_images.key.to_user_string()}.{context.check_specs[0].name}[{context.partition_key}]"
+    return run_suite(frame, suite, expectations, settings.state_dir() / "gx", run_name)
 
 
 # Blocks everything downstream when too few files of a batch are usable images.
@@ -81,14 +81,9 @@ def _run_name(check: str, context: dg.AssetCheckExecutionContext) -> str:
 def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShareConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    frame = _partition_frame(spark, lake, context.partition_key)
-    outcome = run_suite(
-        frame,
-        "raw_images_valid_share",
-        [gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID], mostly=config.min_valid_share)],
-        _gx_root(),
-        _run_name("valid_image_share", context),
-    )
+    outcome = _batch_suite(context, spark, lake, "raw_images_valid_share", [
+        gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID], mostly=config.min_valid_share),
+    ])
     share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
     what_to_fix = "" if outcome.success else (
         f"Only {share:.1%} of batch {context.partition_key} decoded as images (at least {config.min_valid_share:.0%} "
@@ -113,18 +108,11 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
 def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    frame = _partition_frame(spark, lake, context.partition_key, valid_only=True)
-    outcome = run_suite(
-        frame,
-        "raw_images_bounds",
-        [
-            gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),
-            gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
-        ],
-        _gx_root(),
-        _run_name("image_bounds", context),
-    )
+    outcome = _batch_suite(context, spark, lake, "raw_images_bounds", [
+        gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),
+        gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
+    ], valid_only=True)
     return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
 
 
@@ -137,17 +125,10 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
 def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    frame = _partition_frame(spark, lake, context.partition_key)
-    outcome = run_suite(
-        frame,
-        "raw_images_labels",
-        [
-            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
-        ],
-        _gx_root(),
-        _run_name("labels_expected", context),
-    )
+    outcome = _batch_suite(context, spark, lake, "raw_images_labels", [
+        gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
+    ])
     return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
 
 
@@ -160,11 +141,9 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
 def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    frame = _partition_frame(spark, lake, context.partition_key, valid_only=True)
-    outcome = run_suite(
-        frame, "raw_images_duplicates", [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")], _gx_root(),
-        _run_name("no_duplicate_content", context),
-    )
+    outcome = _batch_suite(context, spark, lake, "raw_images_duplicates", [
+        gx.expectations.ExpectColumnValuesToBeUnique(column="sha256"),
+    ], valid_only=True)
     return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
 
 

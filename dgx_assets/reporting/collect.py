@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.dataset as ds
 
-from dgx_assets.generation import generate
+from dgx_assets.generation import table as generated_table
 from dgx_assets.ingest import tables
 from dgx_assets.lake import Lake
 from dgx_assets.reporting.verdict import CheckOutcome
@@ -187,7 +187,7 @@ def latest_metadata(instance, asset_key) -> dict | None:
 
 def generated_images(lake: Lake, samples_per_label: int = 6) -> dict | None:
     """Status counts and, per label, sample images with the prompt that made each (`(png, prompt)` pairs)."""
-    dataset = generate.written_dataset(lake, lake.asset_uri("ernie_generated_images"))
+    dataset = generated_table.written_dataset(lake, lake.asset_uri("ernie_generated_images"))
     if dataset is None:
         return None
     columns = set(dataset.schema.names)

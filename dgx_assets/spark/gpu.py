@@ -97,9 +97,11 @@ class WorkerGpuBinder:
         self,
         environ: MutableMapping[str, str] | None = None,
         tensorflow_loaded: Callable[[], bool] | None = None,
+        tensorflow_gpus: Callable[[], int] | None = None,
     ) -> None:
         self._environ = os.environ if environ is None else environ
         self._tensorflow_loaded = tensorflow_loaded or (lambda: "tensorflow" in sys.modules)
+        self._tensorflow_gpus = tensorflow_gpus or _loaded_tensorflow_gpus
         self._binding: GpuBinding | None = None
         self._tf_configured = False
         self._lock = threading.Lock()
@@ -119,6 +121,11 @@ class WorkerGpuBinder:
                 visible = self._environ.get("CUDA_VISIBLE_DEVICES")
                 if current is None and visible == _visible_devices(wanted):
                     # TensorFlow came first but already sees exactly this task's GPUs: adopt that.
+                    self._binding = GpuBinding(wanted, cpu_threads, os.getpid())
+                    return self._binding
+                if current is None and not wanted and self._tensorflow_gpus() == 0:
+                    # Another function of the session (a user's UDF) imported TensorFlow first on a worker
+                    # with no GPU at all: a CPU task runs exactly where it was meant to.
                     self._binding = GpuBinding(wanted, cpu_threads, os.getpid())
                     return self._binding
                 bound_to = current.device_label if current else f"CUDA_VISIBLE_DEVICES={visible!r}"
@@ -157,6 +164,11 @@ class WorkerGpuBinder:
                 _configure_tensorflow(tf, self._binding)
                 self._tf_configured = True
         return tf
+
+
+def _loaded_tensorflow_gpus() -> int:
+    """GPUs the already imported TensorFlow of this process sees."""
+    return len(sys.modules["tensorflow"].config.list_physical_devices("GPU"))
 
 
 def _visible_devices(addresses: tuple[str, ...]) -> str:
@@ -211,7 +223,3 @@ def bind_task_gpus(task_context: Any = None, cpu_threads: int | None = None) -> 
     if task_context is None:
         return _WORKER.bind_process(threads)
     return _WORKER.bind(task_gpu_addresses(task_context), threads)
-
-
-def current_binding() -> GpuBinding | None:
-    return _WORKER.binding

@@ -54,7 +54,7 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         "spark.executor.cores": "4",
         "spark.executor.memory": "8g",
         "spark.network.timeout": "120s",
-        "spark.eventLog.dir": os.environ.get("DGX_SPARK_EVENT_LOG", "file:///tmp/spark-events"),
+        "spark.eventLog.dir": settings.spark_event_log(),
     }
     if deployment == "standalone":
         if not master.startswith("spark://"):
@@ -65,8 +65,8 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
     return common | gpu | {
         "spark.master": master,
         "spark.submit.deployMode": "client",
-        "spark.kubernetes.namespace": os.environ.get("DGX_K8S_NAMESPACE", "dgx-assets"),
-        "spark.kubernetes.container.image": os.environ.get("DGX_SPARK_IMAGE", "dgx-assets/code-location:0.1.0"),
+        "spark.kubernetes.namespace": settings.k8s_namespace(),
+        "spark.kubernetes.container.image": settings.spark_image(),
         "spark.executor.instances": "2",
         "spark.kubernetes.executor.request.cores": "4",
         "spark.kubernetes.executor.limit.cores": "4",
@@ -77,7 +77,7 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         "spark.kubernetes.executor.podTemplateFile": "/opt/dgx_assets/deploy/spark/executor-pod-template.yaml",
         "spark.kubernetes.executor.podTemplateContainerName": "executor",
         # Client mode: the step pod is the driver; executors reach it on the pod's own address.
-        "spark.driver.host": os.environ.get("POD_IP", "127.0.0.1"),
+        "spark.driver.host": settings.pod_ip(),
         "spark.driver.bindAddress": "0.0.0.0",
     }
 
@@ -99,7 +99,7 @@ class SparkResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         conf = self.spark_config
-        prepare_process_environment()
+        settings.apply_process_defaults()
         if conf.get("spark.eventLog.dir", "").startswith("file:"):
             from urllib.parse import urlparse
 
@@ -115,13 +115,3 @@ class SparkResource(dg.ConfigurableResource):
         if self._pyspark is None:
             raise dg.DagsterInvariantViolationError("SparkResource used outside a run (no session was built)")
         return self._pyspark.spark_session
-
-
-def prepare_process_environment() -> None:
-    """Settings these machines need before Spark, MLflow or GE start (no internet, loopback only)."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "true")

@@ -1,10 +1,9 @@
 """Retraining on a schedule, and the automation that keeps image_features fresh after new raw_images batches."""
 
-import os
-
 import dagster as dg
 
-DEFAULT_RETRAIN_CRON = "0 2 * * *"  # nightly, 02:00
+from dgx_assets import settings
+from dgx_assets.settings import DEFAULT_RETRAIN_CRON
 
 retrain_job = dg.define_asset_job(
     "retrain_model",
@@ -36,9 +35,7 @@ def build_retraining_schedule(cron_schedule: str = DEFAULT_RETRAIN_CRON, timezon
 
 
 def retraining_schedule_from_env() -> dg.ScheduleDefinition:
-    return build_retraining_schedule(
-        os.environ.get("DGX_RETRAIN_CRON") or DEFAULT_RETRAIN_CRON, os.environ.get("DGX_RETRAIN_TIMEZONE") or "UTC"
-    )
+    return build_retraining_schedule(*settings.retrain_schedule())
 
 
 # Evaluates image_features' eager condition: a raw_images batch materialized by hand gets its features (the

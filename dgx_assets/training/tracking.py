@@ -19,23 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from dgx_assets import links
-from dgx_assets.tracking.hardware import hardware_baseline, hardware_tags
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
     FileEntry,
-    code_revision,
     dataset_digest,
-    describe_files,
     feature_dataset,
-    lineage_tags,
 )
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS, CHAMPION_ALIAS
+from dgx_assets.tracking.run import prepare_run
 from dgx_assets.tracking.store import (
     DESCRIPTION_TAG,
     TrackingConfig,
     TrackingConfigError,
     check_tracking_uri,
-    ensure_experiment,
     run_url,
 )
 from dgx_assets.training.dataset import FeatureFiles, scan_features
@@ -79,22 +75,17 @@ def train_and_track(
     say = log or (lambda message: None)
 
     import mlflow
-    from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    mlflow.set_tracking_uri(tracking.tracking_uri)
-    client = MlflowClient(tracking.tracking_uri)
-    experiment_id = ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
-    entries = describe_files(files)
+    setup = prepare_run(tracking, lineage, files, "trained_model")
+    client, experiment_id, entries = setup.client, setup.experiment_id, setup.entries
+    commit, hardware = setup.commit, setup.hardware
     train_digest = dataset_digest(entries, ["train", "validation"])
     test_digest = dataset_digest(entries, ["test"])
     data_digest = dataset_digest(entries, ["train", "validation", "test"])
     checkpoint_dir = str(Path(checkpoint_root) / config.fingerprint(data_digest))
-    commit = code_revision()
-    hardware = hardware_baseline()
-
-    run_name = f"trained_model-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tags = lineage_tags(lineage, commit) | hardware_tags(hardware) | {"dgx.data_digest": data_digest}
+    run_name = setup.run_name
+    tags = setup.tags | {"dgx.data_digest": data_digest}
     dagster_run_url = links.dagster_run(tracking.dagster_ui_url, lineage.run_id) \
         if tracking.dagster_ui_url and lineage.run_id else None
     if dagster_run_url:

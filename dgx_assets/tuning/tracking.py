@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import time
 from typing import Any
 
 import numpy as np
 
-from dgx_assets.tracking.hardware import hardware_baseline, hardware_tags
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
-    code_revision,
     dataset_digest,
-    describe_files,
     feature_dataset,
-    lineage_tags,
 )
-from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, ensure_experiment, run_url
+from dgx_assets.tracking.run import prepare_run
+from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, run_url
 from dgx_assets.training.dataset import (
     FeatureDataError,
     FeatureFiles,
@@ -57,19 +53,12 @@ def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchC
     check_tracking_uri(tracking.tracking_uri)
     data = head_data(files)
     import mlflow
-    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(tracking.tracking_uri)
-    client = MlflowClient(tracking.tracking_uri)
-    experiment_id = ensure_experiment(client, tracking.experiment_name, tracking.tracking_uri)
-    entries = describe_files(files)
+    setup = prepare_run(tracking, lineage, files, SEARCH_ASSET)
+    experiment_id, entries = setup.experiment_id, setup.entries
     digest = dataset_digest(entries, ["train", "validation"])
-    commit = code_revision()
-    hardware = hardware_baseline()
-    tags = lineage_tags(lineage, commit) | hardware_tags(hardware) | {
-        "dgx.data_digest": digest, "dgx.search": "ray-tune-asha"}
-    run_name = f"{SEARCH_ASSET}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as parent:
+    tags = setup.tags | {"dgx.data_digest": digest, "dgx.search": "ray-tune-asha"}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as parent:
         mlflow.log_params({f"search_{k}": (list(v) if isinstance(v, tuple) else ("" if v is None else v))
                            for k, v in dataclasses.asdict(config).items()})
         profile = {"num_rows": int(len(data.train_y) + len(data.val_y)), "files": len(entries), "sha256": digest}
@@ -83,9 +72,11 @@ def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchC
                 mlflow.log_params(trial.config)
                 for epoch, metrics in enumerate(trial.history, start=1):
                     mlflow.log_metrics(metrics, step=epoch)
-        mlflow.log_params({f"best_{k}": v for k, v in outcome.best_config.items()} | {"ray_worker_nodes": outcome.ray_worker_nodes})
+        best = {f"best_{k}": v for k, v in outcome.best_config.items()}
+        mlflow.log_params(best | {"ray_worker_nodes": outcome.ray_worker_nodes})
         mlflow.log_metrics({f"best_{k}": v for k, v in outcome.best_metrics.items()}
-                           | {"trials": len(outcome.trials), "trials_stopped_early": sum(t.stopped_early for t in outcome.trials)})
+                           | {"trials": len(outcome.trials),
+                              "trials_stopped_early": sum(t.stopped_early for t in outcome.trials)})
         uri = write_best_config(lake, outcome.best_config, {
             "validation": outcome.best_metrics, "mlflow_run_id": parent.info.run_id, "data_digest": digest,
             "dagster_run_id": lineage.run_id, "searched_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -187,9 +187,7 @@ def test_k8s_profile_uses_the_executor_pod_template():
     from dgx_assets.spark.resource import profile_conf
 
     conf = profile_conf("k8s", "k8s://https://kubernetes.default.svc:443")
-    key = "spark.kubernetes.executor.podTemplateFile"
-    if key not in conf:
-        pytest.skip(f"the k8s Spark profile does not set {key} yet (executors would not tolerate GPU taints)")
+    key = "spark.kubernetes.executor.podTemplateFile"  # without it, executors would not tolerate GPU taints
     workdir = "/opt/dgx_assets/"
     assert conf[key].startswith(workdir) and (DEPLOY.parent / conf[key][len(workdir):]).is_file()
     assert conf["spark.kubernetes.executor.podTemplateContainerName"] == "executor"

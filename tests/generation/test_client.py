@@ -10,6 +10,7 @@ import time
 
 import pytest
 from PIL import Image
+from support.waiting import wait_for
 
 from dgx_assets.generation.client import ClientSettings, ErnieClient, get_client, parse_endpoints
 
@@ -81,18 +82,20 @@ def test_timeouts_are_retried_then_the_breaker_opens(fleet):
 
 
 def test_breaker_probes_again_after_the_cooldown(fleet, dead_url):
+    cooldown = 1.0  # long enough that the call right after the breaker opened is surely inside it
     settings = ClientSettings((dead_url,), breaker_threshold=1, max_retries=0, backoff_s=0.01,
-                              breaker_cooldown_s=0.3, status_ttl_s=60.0)
+                              breaker_cooldown_s=cooldown, status_ttl_s=60.0)
     client = ErnieClient(settings)
     assert client.generate("cell", 32, 32, 1).error_kind == "unavailable"
     endpoint = client.endpoints[0]
-    assert endpoint.breaker_state(time.monotonic(), 0.3) == "open"
+    assert endpoint.breaker_state(time.monotonic(), cooldown) == "open"
     # The server "comes back" at the same address: after the cool-down one probe goes through.
     endpoint.url = fleet["a"].url
     assert client.generate("cell", 32, 32, 1).error_kind == "unavailable"  # still cooling down: not called
-    time.sleep(0.35)
+    wait_for(lambda: endpoint.breaker_state(time.monotonic(), cooldown) == "half-open", timeout_s=5 * cooldown,
+             what="the breaker's cool-down")
     reply = client.generate("cell", 32, 32, 1)
-    assert reply.ok and endpoint.breaker_state(time.monotonic(), 0.3) == "closed"
+    assert reply.ok and endpoint.breaker_state(time.monotonic(), cooldown) == "closed"
 
 
 def test_endpoints_that_are_not_ready_are_skipped(fleet, quick_model, tmp_path, start_fleet):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from rogue import RogueServer, png
+from support.generation import build_generated_frame
 
 from dgx_assets.generation import generate
 from dgx_assets.generation.client import ClientSettings, ErnieClient
@@ -83,7 +84,7 @@ def test_bad_replies_end_in_rows_that_say_so_and_no_row_is_lost(rogue, spark, tm
     prompts = spark.createDataFrame(pd.DataFrame(
         [{"id": f"p{i}", "prompt": f"cell {i}", "width": "32", "height": "32", "seed": str(i), "label": None}
          for i in range(5)]).astype(str))
-    rows = [row.asDict() for row in generate.build_generated_frame(prompts, job).collect()]  # before: TypeError
+    rows = [row.asDict() for row in build_generated_frame(prompts, job).collect()]  # before: TypeError
     assert sorted(row["id"] for row in rows) == [f"p{i}" for i in range(5)]
     assert {row["status"] for row in rows} == {"bad_reply"}
     assert all("b64_json is int 12345, not a string" in row["error"] for row in rows)

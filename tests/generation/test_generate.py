@@ -10,11 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from PIL import Image
+from support.generation import build_generated_frame
 
 from bench.serving_engines import faulty_args
-from dgx_assets.generation import generate
+from dgx_assets.generation import rows as prompt_rows
 from dgx_assets.generation.client import ClientSettings, ErnieClient
-from dgx_assets.generation.generate import GenerationJob, build_generated_frame, classify_image, safe_file_name
+from dgx_assets.generation.generate import GenerationJob
+from dgx_assets.generation.png import classify_image, safe_file_name
 from dgx_assets.generation.prompts import read_prompts, write_demo_prompts
 
 FAST = dict(backoff_s=0.05, backoff_max_s=0.2, breaker_cooldown_s=30.0, status_ttl_s=60.0)
@@ -90,18 +92,18 @@ def test_truncated_pngs_are_classified_corrupted_and_regenerated(start_fleet, tm
     for endpoint, first_status in ((faulty["truncates_twice"].url, "corrupted"),
                                    (faulty["garbage_once"].url, "decode_error")):
         client = ErnieClient(ClientSettings((endpoint,), concurrency=1, **FAST))
-        rows = [generate.start_row({"id": f"p{i}", "prompt": "defective cell", "width": "32", "height": "32",
+        rows = [prompt_rows.start_row({"id": f"p{i}", "prompt": "defective cell", "width": "32", "height": "32",
                                     "seed": str(i), "request_key": f"k{i}"}, job, None) for i in range(3)]
         seen = []
         original = client.generate_many
 
-        def spy(requests):
+        def spy(requests, original=original, seen=seen):
             replies = original(requests)
             seen.append([classify_image(r.payload_b64, 32, 32)[0] for r in replies])
             return replies
 
         client.generate_many = spy
-        generate.generate_rows(client, rows, max_attempts=3)
+        prompt_rows.generate_rows(client, rows, max_attempts=3)
         assert first_status in seen[0]  # the fault really happened ...
         assert all(row["status"] == "valid" for row in rows)  # ... and every image was regenerated
         assert max(row["attempts"] for row in rows) == 2
@@ -110,9 +112,9 @@ def test_truncated_pngs_are_classified_corrupted_and_regenerated(start_fleet, tm
 def test_a_server_that_always_truncates_ends_in_corrupted_rows(fleet, tmp_path):
     job = make_job(tmp_path, [fleet["truncating"].url], max_attempts=2)
     client = ErnieClient(job.client)
-    rows = [generate.start_row({"id": "x", "prompt": "cell", "width": "32", "height": "32", "seed": "1",
+    rows = [prompt_rows.start_row({"id": "x", "prompt": "cell", "width": "32", "height": "32", "seed": "1",
                                 "request_key": "k"}, job, None)]
-    generate.generate_rows(client, rows, job.max_attempts)
+    prompt_rows.generate_rows(client, rows, job.max_attempts)
     assert rows[0]["status"] == "corrupted" and rows[0]["attempts"] == 2 and rows[0]["content"] is None
     assert "damaged PNG" in rows[0]["error"]
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from dgx_assets.generation import generate
+from dgx_assets.generation import table
 from dgx_assets.lake import Lake
+
+pytestmark = pytest.mark.unit
 
 
 def _write(lake: Lake, uri: str, name: str, rows: list[tuple[str, bool, str | None, str | None]]) -> None:
@@ -26,8 +29,8 @@ def test_summary_counts_statuses_endpoints_and_truncation_across_files(tmp_path)
                                          ("failed", False, "http://a", "connection refused")])
     _write(lake, uri, "part-1.parquet", [("invalid_prompt", False, None, "empty prompt"),
                                          ("valid", False, "", None), ("corrupted", True, "http://b", "bad crc")])
-    dataset = generate.written_dataset(lake, uri)
-    summary = generate.summarize(dataset)
+    dataset = table.written_dataset(lake, uri)
+    summary = table.summarize(dataset)
     assert summary == {
         "prompts": 6,
         "status_counts": {"valid": 3, "corrupted": 1, "failed": 1, "invalid_prompt": 1},
@@ -38,9 +41,9 @@ def test_summary_counts_statuses_endpoints_and_truncation_across_files(tmp_path)
         "truncated": 2,
         "endpoints": {"http://a": 2, "http://b": 2},  # never-sent rows (no endpoint) are not counted
     }
-    assert generate.first_errors(dataset) == ["bad crc", "connection refused", "empty prompt"]
+    assert table.first_errors(dataset) == ["bad crc", "connection refused", "empty prompt"]
 
 
 def test_no_table_gives_no_dataset(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
-    assert generate.written_dataset(lake, lake.asset_uri("ernie_generated_images")) is None
+    assert table.written_dataset(lake, lake.asset_uri("ernie_generated_images")) is None

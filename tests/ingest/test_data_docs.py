@@ -4,7 +4,7 @@ import re
 
 import great_expectations as gx
 
-from dgx_assets.ingest.expectations import offline_data_docs, run_suite
+from dgx_assets.quality.expectations import offline_data_docs, run_suite
 
 CDN = re.compile(r'<(?:script|img)[^>]*src="https?://|<link[^>]*href="https?://', re.IGNORECASE)  # loads, not links
 

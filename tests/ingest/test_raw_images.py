@@ -86,7 +86,8 @@ def test_files_over_the_byte_limit_are_listed_not_read_and_the_files_are_uncompr
     lake = Lake(str(lake_root))
     for path in lake.data_files(lake.asset_uri("raw_images", "b5")):
         metadata = pq.ParquetFile(path).metadata  # PNG/JPEG bytes are not compressed a second time
-        codecs = {metadata.row_group(g).column(c).compression for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
+        codecs = {metadata.row_group(g).column(c).compression
+                  for g in range(metadata.num_row_groups) for c in range(metadata.num_columns)}
         assert codecs == {"UNCOMPRESSED"}, (path, codecs)
 
 
@@ -131,6 +132,9 @@ def test_a_few_bad_files_pass_the_blocking_check(tmp_path, spark_resource):
         assert "ge_data_docs" in share.metadata
         others = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
         assert others == {"valid_image_share": True, "image_bounds": True, "labels_expected": True, "no_duplicate_content": True}
+        # Each validation is named in GE's data docs by asset, check and batch.
+        index = (tmp_path / "dgx" / "gx" / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html").read_text()
+        assert all(f"raw_images.{name}[b2]" in index for name in others)
 
 
 def test_duplicates_and_unknown_labels_warn_with_examples(tmp_path, spark_resource):

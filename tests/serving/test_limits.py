@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 from serving_probe import LIMITED, OPENAI, PIPELINE, metric, metric_samples
+from support.waiting import wait_for
 
 SLACK_S = 2.0  # scheduling slack on a shared 2-core machine, on top of each timeout
 
@@ -42,15 +43,6 @@ def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float
     except ConnectionResetError:
         pass
     return data, time.monotonic()
-
-
-def wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 def test_held_idle_connections_cost_no_threads_and_others_are_served(limited_server):
@@ -94,16 +86,19 @@ def test_connections_over_the_cap_get_503_and_are_closed(limited_server):
 def test_slow_loris_connections_are_closed_within_the_header_timeout_while_others_are_served(limited_server):
     """Was: a byte a second kept a connection open past the 60 s per-read timeout, forever."""
     stop = threading.Event()
-    closed_after = []
+    closed_after, sending = [], []
 
     def loris():
         with socket.create_connection(("127.0.0.1", limited_server.port), timeout=5) as sock:
-            started = time.monotonic()
+            started, announced = time.monotonic(), False
             try:
                 for byte in b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 1000:
                     if stop.is_set():
                         return
                     sock.send(bytes([byte]))
+                    if not announced:  # this one is mid-header now
+                        sending.append(True)
+                        announced = True
                     time.sleep(0.1)
             except (BrokenPipeError, ConnectionResetError):
                 pass
@@ -112,7 +107,7 @@ def test_slow_loris_connections_are_closed_within_the_header_timeout_while_other
 
     with ThreadPoolExecutor(10) as pool:
         lorises = [pool.submit(loris) for _ in range(10)]
-        time.sleep(0.3)  # the lorises are mid-header
+        wait_for(lambda: len(sending) == 10, timeout_s=LIMITED["header_timeout_s"], what="every loris mid-header")
         assert post_cell(limited_server).status_code == 200  # others are served meanwhile
         for future in lorises:
             future.result(timeout=LIMITED["header_timeout_s"] + 3 * SLACK_S)

@@ -15,6 +15,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dgx_assets import settings
+
 
 @dataclass
 class SuiteOutcome:
@@ -30,7 +32,7 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
     `run_name` names the validation in the data docs (asset, check and batch), so the results of several
     batches can be told apart there; without it GE shows `__none__`.
     """
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    settings.apply_process_defaults()  # GE reports analytics unless told not to
     import great_expectations as gx
 
     gx_root.mkdir(parents=True, exist_ok=True)
@@ -125,7 +127,8 @@ _TABLE_SCRIPT = """// dgx_assets: a stand-in for bootstrap-table, which GE loads
     var body = (options.data || []).map(function (row) {
       var cells = columns.map(function (c) {
         var text = cell(row[c.field]);
-        return "<td>" + (c.field === linked && row._table_row_link_path ? "<a href='" + row._table_row_link_path + "'>" + text + "</a>" : text) + "</td>";
+        var link = c.field === linked ? row._table_row_link_path : null;
+        return "<td>" + (link ? "<a href='" + link + "'>" + text + "</a>" : text) + "</td>";
       });
       return "<tr>" + cells.join("") + "</tr>";
     }).join("");

@@ -1,0 +1,1 @@
+"""Data quality shared by every domain: Great Expectations suites run as Dagster asset checks."""
