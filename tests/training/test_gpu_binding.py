@@ -62,6 +62,20 @@ def test_reused_worker_rebinds_before_tensorflow_and_refuses_after():
     assert environ["CUDA_VISIBLE_DEVICES"] == "5"  # untouched: the worker still tells the truth
 
 
+def test_a_cpu_task_adopts_a_worker_where_another_udf_imported_tensorflow_without_gpus():
+    environ: dict[str, str] = {}  # the other UDF never set CUDA_VISIBLE_DEVICES
+    tensorflow = _TensorflowFlag()
+    tensorflow.loaded = True
+    cpu_only = WorkerGpuBinder(environ=environ, tensorflow_loaded=tensorflow, tensorflow_gpus=lambda: 0)
+    assert cpu_only.bind([], 2).device_label == "cpu"
+
+    with_gpus = WorkerGpuBinder(environ={}, tensorflow_loaded=tensorflow, tensorflow_gpus=lambda: 8)
+    with pytest.raises(GpuBindingError, match="none"):  # a CPU task on a worker whose TensorFlow holds GPUs
+        with_gpus.bind([], 2)
+    with pytest.raises(GpuBindingError):  # and a GPU task can never adopt a TensorFlow bound elsewhere
+        WorkerGpuBinder(environ={}, tensorflow_loaded=tensorflow, tensorflow_gpus=lambda: 0).bind(["4"], 2)
+
+
 def test_real_tensorflow_import_freezes_the_binding(tmp_path):
     """In a fresh interpreter: bind, import TensorFlow for real, then a task with another GPU is refused."""
     script = textwrap.dedent(
