@@ -269,7 +269,7 @@ def _model_input(tf: Any, content: bytes, config: FeatureConfig) -> Any:
     return _conversion(tf, int(image.shape[-1]), config.tensor_shape)(image)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _conversion(tf: Any, channels_in: int, shape: tuple[int, int, int]) -> Any:
     """Decoded float image -> model-input uint8 tensor, traced once per input channel count and shape.
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import torch_files
+
 from dgx_assets.backbones.checkpoint import CheckpointError, read_state_dict
 
 TENSORS = {
