@@ -14,7 +14,7 @@ export GX_ANALYTICS_ENABLED := false
 export DAGSTER_DISABLE_TELEMETRY := true
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: demo test dev mlflow-ui bench bench-quick e2e validate lock clean
+.PHONY: demo test test-unit lint dev mlflow-ui bench bench-quick e2e validate lock clean
 
 # Creates the environment when missing or when the pins change; constraints.txt keeps installs reproducible.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -29,6 +29,14 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser $(PYTEST_ARGS)
+
+# The fast tier: tests marked `unit` (no JVM, no servers, no subprocesses); tests/conftest.py marks the rest `integration`.
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser -m "unit and not integration" $(PYTEST_ARGS)
+
+# ruff with the settings in pyproject.toml ([tool.ruff]); .pre-commit-config.yaml runs the same before a commit.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 # A real browser on the real UIs: Debian's chromium (installed here if missing) driven by Playwright walks the
 # asset graph, an asset page, MLflow, the quality report and the GE data docs; screenshots in .dgx/screenshots/.

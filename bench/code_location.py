@@ -154,7 +154,8 @@ def bench_sensor(report: Report, repeats: int, files: int, batches: int) -> None
 
     walked = scandir_walk(str(landing))
     scanned = scan_landing(str(landing))
-    check(sum(len(v) for v in walked.values()) == files, f"the walk found {sum(len(v) for v in walked.values())} files, wrote {files}")
+    found = sum(len(v) for v in walked.values())
+    check(found == files, f"the walk found {found} files, wrote {files}")
     check({name: len(v) for name, v in walked.items()} == {name: s.files for name, s in scanned.items()},
           "the sensor's per-batch file counts differ from the os.scandir walk")
 

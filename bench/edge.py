@@ -18,7 +18,8 @@ lower, the conversion, size and latency are the same network's). `--lake DIR` me
 instead (e.g. the one `make demo` filled); `--images`/`--epochs` change the size.
 
 Goals: TFLite size <= 0.3 x the .keras file, CPU latency per image <= 0.5 x Keras's, and the edge_model
-parity gate: top-1 agreement >= 99 % and accuracy within one point of Keras's. Both sides run on the same test images (checked); latency is re-measured `repeats` times.
+parity gate: top-1 agreement >= 99 % and accuracy within one point of Keras's. Both sides run on the same test images
+(checked); latency is re-measured `repeats` times.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def like_for_like(model, edge_model: bytes, data, threads: int | None, count: in
     calibration = [np.asarray(image) for image in data.test_features[:50]]
     no_resize = convert.convert_to_tflite(model, config, calibration)
     tflite_no_resize = float(np.median(parity.tflite_predict(no_resize, features, num_threads=threads).latencies_s) * 1000)
-    single = tf.function(lambda x: model(x, training=False), input_signature=[tf.TensorSpec([1, height, width, channels], tf.float32)])
+    single = tf.function(lambda x: model(x, training=False),
+                         input_signature=[tf.TensorSpec([1, height, width, channels], tf.float32)])
     keras_no_resize = median_latency_ms(lambda x: single(x).numpy(), features.astype(np.float32))
     tflite_with_resize = float(np.median(parity.tflite_predict(edge_model, raw, num_threads=threads).latencies_s) * 1000)
     # TFLite's own RESIZE_BILINEAR (resize_method="bilinear": no antialiasing, so not the parity default).

@@ -53,7 +53,7 @@ def baseline_chunk(paths: list[str], out_file: str) -> int:
     columns: dict[str, list] = {name: [] for name in (
         "path", "label", "size_bytes", "modified_at", "sha256", "format", "width", "height", "mode", "status",
         "reason", "split", "content", "ingested_at")}
-    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     for path in paths:
         stat = os.stat(path)
         with open(path, "rb") as handle:

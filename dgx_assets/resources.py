@@ -21,7 +21,7 @@ class LakeResource(dg.ConfigurableResource):
     prompts: Optional[str] = None
 
     @property
-    def lake(self) -> "Lake":
+    def lake(self) -> Lake:
         from dgx_assets.lake import Lake  # pyarrow: loaded by runs, not by every sensor tick of the code location
 
         return Lake(self.root or settings.lake_root())

@@ -4,6 +4,8 @@ import pytest
 
 from dgx_assets.lake import Lake
 
+pytestmark = pytest.mark.unit
+
 
 def test_commit_replaces_a_partition_and_leaves_nothing_hidden(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
@@ -62,6 +64,7 @@ def test_data_files_skip_hidden_and_underscore_names_and_can_stay_at_the_top(tmp
     assert lake.data_files(lake.asset_uri("missing")) == []
 
 
+@pytest.mark.integration  # real writer processes, killed
 def test_staging_left_by_a_killed_run_is_swept_by_the_next_commit_but_never_a_live_one(tmp_path):
     import os
     import signal

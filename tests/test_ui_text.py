@@ -4,8 +4,11 @@ automation that stays off until a person turns it on (the README says "turn on")
 import re
 
 import dagster as dg
+import pytest
 
 from dgx_assets.definitions import defs
+
+pytestmark = pytest.mark.unit
 
 # A bare <word> is an HTML tag to a Markdown renderer and vanishes: placeholders belong in backticks.
 BARE_TAG = re.compile(r"<[a-z_]+>")

@@ -18,7 +18,8 @@ class ChallengerModelConfig(dg.Config):
     subsample: float = Field(0.8, description="Rows sampled per tree")
     colsample_bytree: float = Field(0.5, description="Embedding dimensions sampled per tree")
     early_stopping_rounds: int = Field(20, description="Rounds without validation mlogloss improvement before stopping")
-    num_workers: int | None = Field(None, description="XGBoost workers, one Spark task each; empty: the cluster's task slots (at most 8)")
+    num_workers: int | None = Field(
+        None, description="XGBoost workers, one Spark task each; empty: the cluster's task slots (at most 8)")
     device: str = Field("auto", description="auto: cuda when Spark gives tasks GPUs (the GPU hist method), else cpu")
     seed: int = Field(42, description="XGBoost random_state")
 
@@ -51,9 +52,9 @@ def challenger_model(context: dg.AssetExecutionContext, config: ChallengerModelC
     )
     from dgx_assets.challenger.xgb import ChallengerConfigError
     from dgx_assets.spark.progress import spark_progress
-    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
     from dgx_assets.tracking.lineage import DagsterLineage
     from dgx_assets.tracking.store import TrackingConfigError
+    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
 
     store = lake.lake
     partitions = store.partitions("image_features")

@@ -63,7 +63,8 @@ def register(subparsers) -> None:
     manifest.add_argument("--image", default=None, help="edge runtime image (default dgx-assets/edge-runtime:0.1.0)")
     manifest.add_argument("--pod-tracking-uri", default=None,
                           help="MLflow address as the edge nodes reach it (default: the in-cluster service)")
-    manifest.add_argument("--tracking-uri", default=None, help="registry to look the champion up in (default: MLFLOW_TRACKING_URI)")
+    manifest.add_argument("--tracking-uri", default=None,
+                          help="registry to look the champion up in (default: MLFLOW_TRACKING_URI)")
     manifest.set_defaults(handler=run_manifest)
 
 

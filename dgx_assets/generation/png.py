@@ -38,7 +38,7 @@ def classify_image(payload_b64: str | None, width: int, height: int) -> tuple[st
         kind = image.format
     except UnidentifiedImageError:
         return DECODE_ERROR, None, f"not an image: {len(data)} bytes starting {data[:8].hex()}"
-    except Exception as error:
+    except Exception as error:  # any decoder failure is a classification, not a crash
         return DECODE_ERROR, None, f"not an image: {type(error).__name__}: {error}"[:300]
     try:
         image.verify()  # chunk CRCs and structure

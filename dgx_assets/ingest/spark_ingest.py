@@ -17,8 +17,9 @@ import functools
 import os
 import posixpath
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
 
@@ -122,7 +123,7 @@ def _weight(file: ListedFile) -> int:
 def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
     """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows."""
     fs = worker_filesystem(batch_path)
-    ingested_at = dt.datetime.now(dt.timezone.utc)
+    ingested_at = dt.datetime.now(dt.UTC)
     for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
         listed = files[start:start + ROWS_PER_ARROW_BATCH]
         rows = [file_row(fs, file, batch_path, settings) for file in listed]

@@ -85,7 +85,8 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>dgx_assets quality report</title>"
              f"<style>{_STYLE}</style></head><body><h1>dgx_assets quality report</h1>"]
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons)
-    parts.append(f"<div class='verdict {verdict.level}' id='verdict'><b>Verdict: {verdict.level.upper()}</b><ul>{reasons}</ul></div>")
+    parts.append(f"<div class='verdict {verdict.level}' id='verdict'><b>Verdict: {verdict.level.upper()}</b>"
+                 f"<ul>{reasons}</ul></div>")
     # The first screen: the figures people ask for first, and where to click next.
     parts.append(_key_figures(data))
     parts.append("<h2 id='links'>Links</h2><ul class='links'>" + "".join(

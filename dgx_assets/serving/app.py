@@ -67,7 +67,7 @@ class ModelHolder:
                 log.warning(engine.device.note)
             self.state = "ready"
             log.info("model ready on %s from %s (engine %s)", self.device, self.config.model_dir, self.config.engine)
-        except Exception as error:  # noqa: BLE001 - any failure is reported on /status; the process stays up
+        except Exception as error:  # any failure is reported on /status; the process stays up
             self.state, self.error = "failed", f"{type(error).__name__}: {error}"
             log.error("model failed to load: %s", self.error)
 

@@ -3,7 +3,8 @@
 The file follows Paddle Serving's pipeline `config.yml` layout, which DGX operators already keep per
 model (`http_port`, `op.<service>.concurrency`, `op.<service>.local_service_conf.{model_config,
 device_type, devices, ir_optim}`), plus a `limits` block and `max_body_size` for what this server
-enforces (body size, connection and queue caps, header/body/keep-alive timeouts, TLS files). Keys of Paddle Serving's own that do not apply here (`rpc_port`, `dag`, ...) are accepted and
+enforces (body size, connection and queue caps, header/body/keep-alive timeouts, TLS files). Keys of Paddle Serving's
+own that do not apply here (`rpc_port`, `dag`, ...) are accepted and
 ignored so an existing file can be reused; misspelt keys of ours are errors.
 """
 

@@ -44,7 +44,7 @@ class TrainSettings:
     seed: int = 0
 
     @classmethod
-    def quick(cls) -> "TrainSettings":
+    def quick(cls) -> TrainSettings:
         """Seconds on a CPU, for tests and smoke runs; already answers to defective/functional, mono/poly."""
         return cls(image_size=32, z_dim=16, text_dim=32, hidden=256, epochs=12, max_seconds=45.0, limit=512)
 

@@ -49,7 +49,7 @@ class Tokenizer:
         self._ids = {token: index for index, token in enumerate(self.vocabulary)}
 
     @classmethod
-    def from_texts(cls, texts, max_tokens: int) -> "Tokenizer":
+    def from_texts(cls, texts, max_tokens: int) -> Tokenizer:
         seen = sorted({token for text in texts for token in words(text)})
         return cls(list(RESERVED) + seen, max_tokens)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 
 def describe_active_stages(spark) -> list[str]:

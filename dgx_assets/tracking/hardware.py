@@ -16,7 +16,7 @@ from dgx_assets.tracking.lineage import TAG_LIMIT
 def hardware_baseline(timeout_s: float = 30.0) -> dict[str, Any]:
     """What trained the model: GPUs and nvidia-smi clocks/power/temperature where there are GPUs, CPU always."""
     baseline: dict[str, Any] = {
-        "captured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "captured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "hostname": platform.node(),
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),

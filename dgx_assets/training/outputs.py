@@ -71,7 +71,7 @@ def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_k
         "replicas": result.replicas,
         "precision_policy": result.precision_policy,
         "hardware_kind": tracked.hardware.get("kind"),
-        "trained_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "trained_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 

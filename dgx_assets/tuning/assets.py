@@ -19,7 +19,8 @@ class HyperparameterSearchConfig(dg.Config):
     learning_rate_max: float = Field(3e-2, description="Upper end of the log-uniform learning-rate range")
     dropout_max: float = Field(0.6, description="Dropout is drawn uniformly from [0, dropout_max]")
     batch_sizes: list[int] = Field([16, 32, 64], description="Batch sizes to choose from")
-    ray_worker_nodes: int | None = Field(None, description="Ray worker nodes on the Spark executors; empty: one per task slot (at most 8)")
+    ray_worker_nodes: int | None = Field(
+        None, description="Ray worker nodes on the Spark executors; empty: one per task slot (at most 8)")
     seed: int = Field(42, description="Seeds the search and every trial")
 
 
@@ -35,7 +36,7 @@ class HyperparameterSearchConfig(dg.Config):
         "Optional (the `ray` extra): starts a Ray cluster on the run's Spark executors (ray.util.spark), runs Ray "
         "Tune with ASHA early stopping over the classifier head's learning rate, dropout and batch size (each trial "
         "fits the head on image_features' train embeddings, scored on the validation split), logs one nested MLflow "
-        "run per trial, tears Ray down, and writes <lake>/hyperparameter_search/best_config.json, which "
+        "run per trial, tears Ray down, and writes `<lake>/hyperparameter_search/best_config.json`, which "
         "trained_model uses when `use_searched_hyperparameters` is set."
     ),
 )
@@ -45,9 +46,9 @@ def hyperparameter_search(context: dg.AssetExecutionContext, config: Hyperparame
         import ray  # noqa: F401
     except ImportError as error:
         raise dg.Failure("hyperparameter_search needs Ray: pip install 'dgx_assets[ray]' (ray[tune])") from error
-    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
     from dgx_assets.tracking.lineage import DagsterLineage
     from dgx_assets.tracking.store import TrackingConfigError
+    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
     from dgx_assets.tuning.search import SearchConfig, SearchConfigError
     from dgx_assets.tuning.tracking import search_and_track
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dgx_assets.challenger import report
 from dgx_assets.lake import Lake
 from dgx_assets.reporting import render
 from dgx_assets.reporting.collect import ReportData
 from dgx_assets.reporting.verdict import decide
+
+pytestmark = pytest.mark.unit
 
 TRAINED = {"backbone": "efficientnet_lite0", "registered_model_name": "dgx_defect_classifier", "model_version": "3",
            "test_metrics": {"accuracy": 0.8125, "accuracy_ci95_low": 0.68, "accuracy_ci95_high": 0.90,

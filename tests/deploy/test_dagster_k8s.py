@@ -31,6 +31,8 @@ from deploy_files import DEPLOY
 
 from dgx_assets import k8s as dgx_k8s
 
+pytestmark = pytest.mark.unit
+
 K8S_VERSION = "1.30"
 
 

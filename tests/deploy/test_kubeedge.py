@@ -18,7 +18,7 @@ EXAMPLE = REPO / "deploy" / "kubeedge" / "edge-deployment.yaml"
 KUBERNETES_VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 
 sys.path.insert(0, str(REPO / "tests" / "edge"))
-from edge_data import registered_version  # noqa: F401 (a fixture: a real MLflow store with version 1)
+from edge_data import registered_version  # noqa: E402, F401 (a fixture: a real MLflow store with version 1)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

@@ -28,6 +28,8 @@ from deploy_files import (
 
 from dgx_assets import k8s as dgx_k8s
 
+pytestmark = pytest.mark.unit
+
 # The oldest Kubernetes a DGX cluster is likely to run, and the newest schema the validator ships.
 KUBERNETES_VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 OUR_IMAGES = {"code-location", "serving"}
@@ -232,6 +234,7 @@ def _run_triton_fetch(lake_root: Path, destination: Path) -> subprocess.Complete
                           timeout=120, env={**os.environ, "DGX_LAKE_ROOT": str(lake_root)})
 
 
+@pytest.mark.integration  # runs the init script in a subprocess
 def test_triton_init_container_copies_the_edge_model_export_from_the_lake(tmp_path):
     from dgx_assets.edge.build import EdgeBuildSettings
     from dgx_assets.edge.triton import SAVEDMODEL_DIRNAME, TensorSignature, triton_config
@@ -258,6 +261,7 @@ def test_triton_init_container_copies_the_edge_model_export_from_the_lake(tmp_pa
     assert (destination / name / "config.pbtxt").read_text() == config
 
 
+@pytest.mark.integration  # runs the init script in a subprocess
 def test_triton_init_container_says_what_is_missing(tmp_path):
     (tmp_path / "lake").mkdir()
     result = _run_triton_fetch(tmp_path / "lake", tmp_path)
@@ -339,7 +343,8 @@ def test_dockerfiles_agree_with_the_pods_that_run_them(helm_values):
     serving = _dockerfile("serving")
     [container] = pod_spec(find("Deployment", "ernie-serving-gpu0"))["containers"]
     assert int(_dockerfile_value(serving, "EXPOSE")) == container["ports"][0]["containerPort"]
-    assert int(_dockerfile_value(serving, "USER")) == pod_spec(find("Deployment", "ernie-serving-gpu0"))["securityContext"]["runAsUser"]
+    serving_pod = pod_spec(find("Deployment", "ernie-serving-gpu0"))
+    assert int(_dockerfile_value(serving, "USER")) == serving_pod["securityContext"]["runAsUser"]
     assert '"dgx-assets", "serve"' in _dockerfile_value(serving, "ENTRYPOINT")
 
     code_location = _dockerfile("code-location")
@@ -393,6 +398,7 @@ def test_manifests_parse_as_plain_yaml_without_anchors():
 
 
 @pytest.mark.parametrize("name", sorted(OUR_IMAGES))
+@pytest.mark.integration  # runs pip in a subprocess
 def test_dockerfile_installs_exactly_the_pinned_dependencies(name):
     """Runs the Dockerfile's requirements one-liner against pyproject.toml, as `docker build` would."""
     import shlex

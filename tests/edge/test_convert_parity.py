@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 from edge_data import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
 
-from dgx_assets.edge.convert import (EdgeConversionConfig, _resize_antialiased, convert_to_tflite, describe_tflite,
-                                     resize_matrix, snap_to_int8_grid)
+from dgx_assets.edge.convert import (
+    EdgeConversionConfig,
+    _resize_antialiased,
+    convert_to_tflite,
+    describe_tflite,
+    resize_matrix,
+    snap_to_int8_grid,
+)
 from dgx_assets.edge.parity import evaluate_gate, measure_parity, parity_figure
 from dgx_assets.edge.promotion import Gate, current_alias_version, promote_if_gates_pass
 
@@ -179,3 +185,4 @@ def test_edge_preprocessing_reproduces_image_features_tensors(edge_dataset, trai
     assert abs(difference.mean()) < 0.1  # unbiased
     assert np.abs(difference).max() <= (3.0 if quantization == "int8" else 1.0)
     assert np.mean(np.abs(difference) <= 1.0) > (0.99 if quantization == "int8" else 1 - 1e-9)
+

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dgx_assets import settings
-from dgx_assets.generation.definitions import defs as generation_defs
 from dgx_assets.generation.assets import ernie_generated_images
 from dgx_assets.generation.checks import generated_images_valid
+from dgx_assets.generation.definitions import defs as generation_defs
 from dgx_assets.generation.prompts import write_demo_prompts
 from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.resources import LakeResource

@@ -1,6 +1,9 @@
+import pytest
 from imagefactory import bad_files, valid_images
 
 from dgx_assets.ingest import images
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_supported_form_is_valid():

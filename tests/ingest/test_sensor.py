@@ -14,6 +14,8 @@ from dgx_assets.ingest.sensors import landing_zone_sensor
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
 
+pytestmark = pytest.mark.unit
+
 
 def land(landing, batch, names=("a.png", "b.png"), label="functional"):
     folder = landing / batch / label
@@ -240,6 +242,7 @@ def test_a_folder_that_cannot_be_listed_costs_only_its_batch(tmp_path):
     assert (files, complete, [status for _, status, _ in refused]) == (0, False, ["unlistable"])
 
 
+@pytest.mark.integration  # ingests with Spark
 def test_batches_already_materialized_from_the_same_content_are_not_requested_again(tmp_path, spark_resource):
     """`make demo` materializes raw_images itself; a sensor turned on afterwards must not ingest it all again."""
     from dgx_assets.ingest.assets import raw_images

@@ -11,19 +11,22 @@ from imagefactory import bad_files, valid_images
 from dgx_assets.ingest import images, spark_ingest
 from dgx_assets.ingest.spark_ingest import ListedFile
 
-MODIFIED = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+pytestmark = pytest.mark.unit
+
+MODIFIED = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
 
 
 def write(batch, files: dict[str, bytes]):
     for name, data in files.items():
         (batch / name).parent.mkdir(parents=True, exist_ok=True)
         (batch / name).write_bytes(data)
-        nanoseconds = (MODIFIED - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1) * 1000
+        nanoseconds = (MODIFIED - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1) * 1000
         os.utime(batch / name, ns=(nanoseconds, nanoseconds))
 
 
-def ingest(batch, files, settings=spark_ingest.IngestSettings()):
+def ingest(batch, files, settings=None):
     """{<label>/<file>: row} from the worker's Arrow batches, checked against the table's schema."""
+    settings = settings or spark_ingest.IngestSettings()
     out = pa.Table.from_batches(spark_ingest.ingest_files(files, batch.as_uri(), settings), spark_ingest.RAW_IMAGES_SCHEMA)
     return {"/".join(row["path"].split("/")[-2:]): row for row in out.to_pylist()}
 
@@ -35,7 +38,8 @@ def test_the_listing_keeps_every_image_file_zero_bytes_included_and_skips_the_re
         "ok/notes.txt": b"t", "ok/.hidden.png": b"h", "_tmp/c.png": b"c", "ok/d.png._COPYING_": b"d",
     })
     listed = spark_ingest.list_batch(batch.as_uri())
-    assert [file.path for file in listed] == [f"file:{batch}/{name}" for name in ("loose.tif", "ok/a.png", "ok/b.JPG", "ok/empty.jpg")]
+    names = ("loose.tif", "ok/a.png", "ok/b.JPG", "ok/empty.jpg")
+    assert [file.path for file in listed] == [f"file:{batch}/{name}" for name in names]
     assert [file.size for file in listed] == [1, 1, 2, 0]
     assert {file.modified_us for file in listed} == {int(MODIFIED.timestamp()) * 1_000_000 + 678_000}  # milliseconds, as Hadoop
     assert spark_ingest.list_batch((tmp_path / "missing").as_uri()) == []
@@ -57,7 +61,10 @@ def test_a_bad_file_among_good_ones_gets_its_reason_and_the_good_ones_their_byte
     assert rows["ok/empty.jpg"]["status"] == "empty"
     monkeypatch.setattr(spark_ingest, "ROWS_PER_ARROW_BATCH", 3)  # several Arrow batches: the same rows
     again = ingest(batch, listed)
-    assert {name: row | {"ingested_at": None} for name, row in again.items()} == {name: row | {"ingested_at": None} for name, row in rows.items()}
+    def timeless(table):
+        return {name: row | {"ingested_at": None} for name, row in table.items()}
+
+    assert timeless(again) == timeless(rows)
 
 
 class NoReads:
@@ -69,7 +76,8 @@ class NoReads:
 
 def test_a_file_over_the_byte_limit_is_recorded_from_the_listing_and_never_read(tmp_path):
     settings = spark_ingest.IngestSettings(limits=images.ValidationLimits(max_file_bytes=1000))
-    row = spark_ingest.file_row(NoReads(), ListedFile(f"file:{tmp_path}/b1/ok/huge.png", 1001, 0), (tmp_path / "b1").as_uri(), settings)
+    listed = ListedFile(f"file:{tmp_path}/b1/ok/huge.png", 1001, 0)
+    row = spark_ingest.file_row(NoReads(), listed, (tmp_path / "b1").as_uri(), settings)
     assert row["status"] == "too_large" and "1001 bytes is over the 1000-byte limit" in row["reason"]
     assert row["label"] == "ok" and row["size_bytes"] == 1001 and "content" not in row and "sha256" not in row
 

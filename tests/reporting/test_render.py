@@ -4,12 +4,15 @@ import base64
 import io
 import re
 
+import pytest
 from imagefactory import valid_images
 from PIL import Image
 
 from dgx_assets.reporting import render
 from dgx_assets.reporting.collect import ReportData
 from dgx_assets.reporting.verdict import CheckOutcome, decide
+
+pytestmark = pytest.mark.unit
 
 PASSED = CheckOutcome("raw_images", "valid_image_share", "b1", True, "ERROR")
 

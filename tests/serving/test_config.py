@@ -9,6 +9,8 @@ from dgx_assets import settings
 from dgx_assets.generation import launcher
 from dgx_assets.serving.config import ConfigError, build_config, load_config_file
 
+pytestmark = pytest.mark.unit
+
 
 def test_deploy_config_file_maps_to_settings():
     config = build_config(str(settings.repo_root() / "deploy" / "serving" / "config.yml"))
@@ -63,6 +65,7 @@ def test_bad_config_files_get_clear_errors(tmp_path, text, words):
         build_config(str(path))
 
 
+@pytest.mark.integration  # starts a serving process
 def test_a_bad_config_stops_the_server_with_a_message(tmp_path, quick_model):
     path = tmp_path / "config.yml"
     path.write_text("op:\n  bad name!: {}\n")
@@ -70,6 +73,7 @@ def test_a_bad_config_stops_the_server_with_a_message(tmp_path, quick_model):
         launcher.start_local_servers(1, quick_model, config_file=str(path), log_dir=tmp_path, timeout_s=60)
 
 
+@pytest.mark.integration  # starts a serving process
 def test_a_model_that_cannot_load_is_reported_on_status(tmp_path):
     bad_model = tmp_path / "model"
     bad_model.mkdir()

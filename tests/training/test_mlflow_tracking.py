@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from dgx_assets.lake import Lake
-from dgx_assets.training.dataset import make_dataset, scan_features
-from dgx_assets.training.model import ModelConfigError
-from dgx_assets.training.outputs import INFO_FILE, MODEL_FILE, MODEL_INFO_KEYS, model_info, write_model_outputs
 from dgx_assets.tracking.hardware import hardware_baseline
 from dgx_assets.tracking.lineage import DagsterLineage, dataset_digest, describe_files
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS
 from dgx_assets.tracking.store import TrackingConfig, TrackingConfigError
+from dgx_assets.training.dataset import make_dataset, scan_features
+from dgx_assets.training.model import ModelConfigError
+from dgx_assets.training.outputs import INFO_FILE, MODEL_FILE, MODEL_INFO_KEYS, model_info, write_model_outputs
 from dgx_assets.training.tracking import train_and_track
 from dgx_assets.training.train import TrainConfig
 
@@ -68,7 +68,8 @@ def test_run_records_params_metrics_plots_and_lineage(tracked, feature_files):
     assert tags["hardware.kind"] == "cpu" and int(tags["hardware.cpu_cores"]) >= 1
 
     artifacts = {a.path for a in client.list_artifacts(result.run_id)} | {
-        a.path for folder in ("plots", "hardware", "datasets", "evaluation") for a in client.list_artifacts(result.run_id, folder)}
+        a.path for folder in ("plots", "hardware", "datasets", "evaluation")
+        for a in client.list_artifacts(result.run_id, folder)}
     assert {"plots/confusion_matrix.png", "plots/training_curves.png", "plots/roc_curve.png",
             "hardware/baseline.json", "datasets/feature_files.json", "evaluation/test_report.json"} <= artifacts
     baseline = json.loads(Path(client.download_artifacts(result.run_id, "hardware/baseline.json")).read_text())

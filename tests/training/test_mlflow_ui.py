@@ -46,7 +46,8 @@ def test_run_and_registered_model_describe_themselves_and_link_back_to_dagster(t
     assert run.data.tags["dagster.run_url"] == dagster_run
     description = run.data.tags["mlflow.note.content"]
     assert f"]({dagster_run})" in description and "Test accuracy" in description and "b0, b1" in description
-    assert result.run_url == f"http://mlflow.example:5000/#/experiments/{result.experiment_id}/runs/{result.run_id}"
+    assert result.run_url == (f"http://mlflow.example:5000/#/experiments/{result.experiment_id}/runs/{result.run_id}"
+                              "?workflowType=machine_learning")  # MLflow 3.17's UI: the model-training view
 
     version = client.get_model_version(MODEL, result.model_version)
     assert dagster_run in version.description and version.tags["dagster.run_url"] == dagster_run

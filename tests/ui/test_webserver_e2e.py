@@ -6,7 +6,7 @@ from dagster_dev import LOCATION, REPOSITORY, dagster_dev, gql  # noqa: F401 (fi
 from imagefactory import write_batch
 
 
-def test_materialize_from_the_ui_api_and_read_results_back(dagster_dev):
+def test_materialize_from_the_ui_api_and_read_results_back(dagster_dev):  # noqa: F811 (the fixture)
     url, lake = dagster_dev
     write_batch(lake / "landing", "ui-batch", bad=False)
     repository = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
@@ -31,7 +31,8 @@ def test_materialize_from_the_ui_api_and_read_results_back(dagster_dev):
 
     deadline, status = time.time() + 420, None
     while time.time() < deadline:  # queued -> the daemon dequeues -> a run worker process executes it
-        status = gql(url, "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)["runOrError"]["status"]
+        query = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+        status = gql(url, query, id=run_id)["runOrError"]["status"]
         if status in ("SUCCESS", "FAILURE", "CANCELED"):
             break
         time.sleep(3)
