@@ -1,6 +1,6 @@
 """Benchmark inputs, generated on this machine (never committed): synthetic landing batches and ELPV.
 
-A landing batch is `<landing>/<batch>/<label>/<file>`, as DESIGN.md lays it out. Synthetic images look
+A landing batch is `<landing>/<batch>/<label>/<file>`, as docs/architecture.md lays it out. Synthetic images look
 like electroluminescence shots of solar cells (a bright cell, dark busbars, grain noise, the odd crack),
 so they compress about as well as the real ELPV PNGs (tens of KB at 300x300), half grey PNG and half
 RGB JPEG. Each set is written once, under `.dgx/bench/data/`, and reused while its marker file exists.

@@ -196,7 +196,7 @@ def stop_session_and_gateway() -> None:
 
     The JVM keeps the settings it was launched with as system properties; a later local session in this
     process would inherit this cluster's master and task GPU amounts, and a local job asking for task GPUs
-    hangs (DESIGN.md's pitfall).
+    hangs (a pitfall in docs/architecture.md).
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
