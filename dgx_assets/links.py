@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-
 # MLflow 3.17's UI takes its GenAI or model-training view from this parameter (then from the view last chosen,
 # GenAI by default), not from the experiment's `mlflow.experimentKind` tag: run links ask for the training view.
 TRAINING_VIEW = "workflowType=machine_learning"

@@ -80,7 +80,8 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
     written = tables.read_partition_summary(store, staging)
     store.commit(staging, final)
     summary = tables.summarize(written)
-    context.log.info(f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}")
+    context.log.info(f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, "
+                     f"quarantined {summary['quarantined']}")
     preview = written.slice(0, 10).select(["path", "label", "status", "reason", "format", "width", "height", "split"])
     schema = tables.dataset(store, final).schema
     return dg.MaterializeResult(
