@@ -87,3 +87,12 @@ def write_batch(landing: Path, batch: str, labels=("defective", "functional"), s
             (folder / name).write_bytes(data)
             expected[f"{labels[0]}/{name}"] = status
     return expected
+
+
+def write_mostly_corrupt_batch(landing: Path, batch: str = "bad") -> None:
+    """Six truncated PNGs and one good one under `<landing>/<batch>/defective/`: 1 in 7 valid, below the gate."""
+    folder = landing / batch / "defective"
+    folder.mkdir(parents=True)
+    for index in range(6):
+        (folder / f"broken{index}.png").write_bytes(bad_files()["truncated.png"][0])
+    (folder / "good.png").write_bytes(valid_images()["grey.png"])

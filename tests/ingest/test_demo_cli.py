@@ -5,7 +5,7 @@ import io
 import re
 
 import dagster as dg
-from imagefactory import bad_files, valid_images
+from imagefactory import write_mostly_corrupt_batch
 
 from dgx_assets.demo import DemoProgress, _DemoOutcome, execute_for_cli
 from dgx_assets.ingest.assets import raw_images
@@ -18,11 +18,7 @@ FIX = "Only 14.3% of batch bad decoded as images (at least 80% needed)"
 
 def _bad_batch_defs(tmp_path, spark_resource) -> dg.Definitions:
     lake_root = tmp_path / "lake"
-    folder = lake_root / "landing" / "bad" / "defective"
-    folder.mkdir(parents=True)
-    for index in range(6):
-        (folder / f"broken{index}.png").write_bytes(bad_files()["truncated.png"][0])
-    (folder / "good.png").write_bytes(valid_images()["grey.png"])
+    write_mostly_corrupt_batch(lake_root / "landing")
 
     @dg.asset(partitions_def=image_batches, deps=[raw_images])
     def image_features_stand_in():

@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from hostile import SECRET, hostile_batch
-from imagefactory import bad_files, valid_images, write_batch
+from imagefactory import bad_files, valid_images, write_batch, write_mostly_corrupt_batch
 
 from dgx_assets.ingest import images
 from dgx_assets.ingest.assets import raw_images
@@ -93,11 +93,7 @@ def test_files_over_the_byte_limit_are_listed_not_read_and_the_files_are_uncompr
 
 def test_mostly_corrupt_batch_fails_the_blocking_check_and_stops_downstream(tmp_path, spark_resource):
     lake_root = tmp_path / "lake"
-    folder = lake_root / "landing" / "bad" / "defective"
-    folder.mkdir(parents=True)
-    for index in range(6):
-        (folder / f"broken{index}.png").write_bytes(bad_files()["truncated.png"][0])
-    (folder / "good.png").write_bytes(valid_images()["grey.png"])
+    write_mostly_corrupt_batch(lake_root / "landing")
 
     @dg.asset(partitions_def=image_batches, deps=[raw_images])
     def downstream_of_raw_images():
