@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from dgx_assets import metadata
+from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
@@ -36,15 +37,6 @@ IMAGE_FEATURES_COLUMNS = {
     "feature_error": "why, when feature_status is `error`",
     "feature_device": "where it was computed (gpu:<address> or cpu)",
 }
-
-
-def _gpu_op_tags() -> dict:
-    """dagster-k8s tags that put the training step pod on a GPU node (ignored off Kubernetes)."""
-    try:
-        from dgx_assets.k8s import gpu_step_tags
-    except ImportError:
-        return {}
-    return gpu_step_tags(gpus=1)
 
 
 class ImageFeaturesConfig(dg.Config):
@@ -204,7 +196,7 @@ class TrainedModelConfig(dg.Config):
     kinds={"tensorflow", "mlflow"},
     owners=TRAINING_OWNERS,
     code_version=TRAINED_MODEL_CODE_VERSION,
-    op_tags=_gpu_op_tags(),
+    op_tags=gpu_step_tags(gpus=1),  # the step pod on a GPU node under dagster-k8s; ignored elsewhere
     description=(
         "A Keras defect classifier trained on all image_features batches (MirroredStrategy over the visible GPUs, "
         "one CPU replica otherwise; early stopping on the validation split; resumable checkpoints) and evaluated "
@@ -222,15 +214,14 @@ def trained_model(
     from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
     from dgx_assets.training.model import ModelConfigError
     from dgx_assets.training.outputs import model_info, write_model_outputs
-    from dgx_assets.training.tracking import DagsterLineage, TrackingConfig, TrackingConfigError, train_and_track
+    from dgx_assets.training.tracking import DagsterLineage, TrackingConfigError, train_and_track
 
     store = lake.lake
     partitions = store.partitions("image_features")
     paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
     if not paths:
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
-    tracking = TrackingConfig(mlflow.resolved_tracking_uri, mlflow.experiment_name, mlflow.registered_model_name,
-                              ui_url=mlflow.resolved_ui_url, dagster_ui_url=settings.dagster_ui_url())
+    tracking = mlflow.tracking_config()
     lineage = DagsterLineage(
         run_id=context.run_id, asset_key=context.asset_key.to_user_string(), partition_keys=tuple(partitions),
         code_version=TRAINED_MODEL_CODE_VERSION, job_name=context.job_name,
