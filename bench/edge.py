@@ -182,11 +182,8 @@ def like_for_like(model, edge_model: bytes, data, threads: int | None, count: in
 def run(report: Report, args) -> None:
     isolate_state(NAME)
     from dgx_assets.edge import parity
-    from dgx_assets.edge.build import (
-        EdgeBuildSettings,
-        build_edge_model,
-        load_trained_model,
-    )
+    from dgx_assets.edge.build import build_edge_model, load_trained_model
+    from dgx_assets.edge.config import EdgeModelConfig
     from dgx_assets.lake import Lake
 
     if not args.lake:
@@ -214,7 +211,7 @@ def run(report: Report, args) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
     lake = Lake(str(root))
-    settings = EdgeBuildSettings(num_threads=threads or None, max_test_images=0,
+    settings = EdgeModelConfig(num_threads=threads or None, max_test_images=0,
                                  representative_samples=50 if args.quick else 200,
                                  latency_images=30 if args.quick else 100)
     report.params.update(num_threads=threads or "runtime defaults", quantization=settings.quantization)

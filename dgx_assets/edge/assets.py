@@ -1,28 +1,11 @@
-from typing import Optional
-
 import dagster as dg
-from pydantic import Field
 
 from dgx_assets import links
+from dgx_assets.edge.config import EdgeModelConfig
 from dgx_assets.metadata import number
 from dgx_assets.resources import LakeResource, MlflowResource
 
 EDGE_OWNERS = ["team:ml-platform"]
-
-
-class EdgeModelConfig(dg.Config):
-    quantization: str = Field("int8", description="int8 (full-integer, calibrated), float16 or dynamic (range)")
-    raw_height: Optional[int] = Field(None, description="Raw input height the device feeds; default: most common image size")
-    raw_width: Optional[int] = Field(None, description="Raw input width the device feeds; default: most common image size")
-    resize_method: str = Field("bilinear_antialias", description="bilinear_antialias (as image_features), bilinear or nearest")
-    input_scale: float = Field(1.0, description="Factor on raw pixels before the network; 1.0: trained_model rescales itself")
-    representative_samples: int = Field(200, description="Calibration images for int8, from the representative split")
-    representative_split: str = Field("train", description="raw_images split the calibration images come from")
-    max_test_images: int = Field(1000, description="Test images for parity (0: all)")
-    latency_images: int = Field(100, description="Images timed one by one, on both models")
-    num_threads: Optional[int] = Field(None, description="TFLite CPU threads (None: the runtime's default)")
-    triton_model_name: str = Field("defect_classifier", description="Folder name in the Triton model repository")
-    triton_max_batch_size: int = Field(8, description="max_batch_size in config.pbtxt (0: no batching)")
 
 
 # Converts trained_model into the TFLite model edge devices run, measures parity, exports for Triton.
@@ -42,11 +25,10 @@ class EdgeModelConfig(dg.Config):
 )
 def edge_model(context: dg.AssetExecutionContext, config: EdgeModelConfig, lake: LakeResource,
                mlflow: MlflowResource) -> dg.MaterializeResult:
-    from dgx_assets.edge.build import EdgeBuildSettings, build_edge_model
+    from dgx_assets.edge.build import build_edge_model
 
-    settings = EdgeBuildSettings(**config.model_dump())
     try:
-        result = build_edge_model(lake.lake, settings, mlflow.resolved_tracking_uri, log=context.log.info)
+        result = build_edge_model(lake.lake, config, mlflow.resolved_tracking_uri, log=context.log.info)
     except ValueError as error:  # missing upstream data or a bad setting: say what to fix, not a traceback
         raise dg.Failure(description=str(error)) from error
     report, spec = result.report, result.spec

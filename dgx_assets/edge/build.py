@@ -28,32 +28,17 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from dgx_assets.edge import convert, parity, triton
+from dgx_assets.edge.config import EdgeModelConfig
+from dgx_assets.edge.runtime import CONTRACT_FILE, MLFLOW_ARTIFACT_DIR, MODEL_FILE  # what edge-run/edge-fetch read
 from dgx_assets.lake import Lake
 
 EDGE_ASSET = "edge_model"
 TRAINED_ASSET = "trained_model"
-MLFLOW_ARTIFACT_DIR = "edge_model"
 _INFO_KEYS = ("class_names", "input_shape", "mlflow_run_id", "registered_model_name", "model_version")
 
 
 class EdgeBuildError(ValueError):
     """The edge model cannot be built from what is in the lake; the message says what to fix."""
-
-
-@dataclass(frozen=True)
-class EdgeBuildSettings:
-    quantization: str = "int8"
-    raw_height: int | None = None  # None: the most common size of the ingested images
-    raw_width: int | None = None
-    resize_method: str = "bilinear_antialias"
-    input_scale: float = 1.0
-    representative_samples: int = 200
-    representative_split: str = "train"
-    max_test_images: int = 1000  # 0: every test image
-    latency_images: int = 100
-    num_threads: int | None = None
-    triton_model_name: str = "defect_classifier"
-    triton_max_batch_size: int = 8
 
 
 @dataclass
@@ -135,7 +120,7 @@ def most_common_size(widths: list, heights: list) -> tuple[int, int]:
     return sizes.most_common(1)[0][0]
 
 
-def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeBuildSettings) -> EdgeData:
+def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig) -> EdgeData:
     import pyarrow.dataset as pads
 
     raw_files = lake.data_files(lake.asset_uri("raw_images"))
@@ -216,7 +201,7 @@ def log_to_mlflow(tracking_uri: str, run_id: str, local_dir: Path, report: parit
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    for name in ("model.tflite", "edge_model.json", "parity.json", "parity.png"):
+    for name in (MODEL_FILE, CONTRACT_FILE, "parity.json", "parity.png"):
         client.log_artifact(run_id, str(local_dir / name), artifact_path=MLFLOW_ARTIFACT_DIR)
     for key, value in report.to_dict().items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
@@ -225,7 +210,7 @@ def log_to_mlflow(tracking_uri: str, run_id: str, local_dir: Path, report: parit
     client.set_tag(run_id, "dgx.edge_model.quantization", report.quantization)
 
 
-def build_edge_model(lake: Lake, settings: EdgeBuildSettings, tracking_uri: str | None = None,
+def build_edge_model(lake: Lake, settings: EdgeModelConfig, tracking_uri: str | None = None,
                      log=lambda message: None) -> EdgeBuildResult:
     with tempfile.TemporaryDirectory(prefix="edge-model-") as tmp:
         workdir = Path(tmp)
@@ -248,11 +233,11 @@ def build_edge_model(lake: Lake, settings: EdgeBuildSettings, tracking_uri: str 
 
         out = workdir / "edge_model"
         out.mkdir()
-        (out / "model.tflite").write_bytes(tflite_model)
+        (out / MODEL_FILE).write_bytes(tflite_model)
         provenance = {key: trained.info.get(key) for key in _INFO_KEYS}
         contract = {**spec.to_dict(), "raw_height": data.raw_size[0], "raw_width": data.raw_size[1],
                     "input_scale": settings.input_scale, "trained_model": provenance}
-        (out / "edge_model.json").write_text(json.dumps(contract, indent=2))
+        (out / CONTRACT_FILE).write_text(json.dumps(contract, indent=2))
         (out / "parity.json").write_text(json.dumps({
             "report": report.to_dict(), "trained_model": provenance,
             "trained_model_test_metrics": trained.info.get("test_metrics"),

@@ -236,10 +236,10 @@ def _run_triton_fetch(lake_root: Path, destination: Path) -> subprocess.Complete
 
 @pytest.mark.integration  # runs the init script in a subprocess
 def test_triton_init_container_copies_the_edge_model_export_from_the_lake(tmp_path):
-    from dgx_assets.edge.build import EdgeBuildSettings
+    from dgx_assets.edge.config import EdgeModelConfig
     from dgx_assets.edge.triton import SAVEDMODEL_DIRNAME, TensorSignature, triton_config
 
-    name = EdgeBuildSettings().triton_model_name
+    name = EdgeModelConfig().triton_model_name
     model_dir = tmp_path / "lake" / "edge_model" / "triton" / name
     savedmodel = model_dir / "1" / SAVEDMODEL_DIRNAME
     (savedmodel / "variables").mkdir(parents=True)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dgx_assets.edge.build import EdgeBuildError, EdgeBuildSettings, build_edge_model, most_common_size
+from dgx_assets.edge.build import EdgeBuildError, build_edge_model, most_common_size
+from dgx_assets.edge.config import EdgeModelConfig
 from dgx_assets.edge.convert import EdgeConversionConfig, decode_to_raw
 from dgx_assets.lake import Lake
 
@@ -52,19 +53,19 @@ def test_bad_conversion_settings_name_the_setting(options, message):
 def test_missing_upstream_data_says_what_to_materialize(tmp_path, trained_classifier):
     lake = Lake(str(tmp_path / "lake"))
     with pytest.raises(EdgeBuildError, match="materialize trained_model first"):
-        build_edge_model(lake, EdgeBuildSettings())
+        build_edge_model(lake, EdgeModelConfig())
 
     base = lake.asset_uri("trained_model")
     lake.write_bytes(f"{base}/model.keras", trained_classifier.path.read_bytes())
     lake.write_bytes(f"{base}/model_info.json", json.dumps({"class_names": ["a", "b"]}).encode())
     with pytest.raises(EdgeBuildError, match="lacks .*mlflow_run_id"):
-        build_edge_model(lake, EdgeBuildSettings())
+        build_edge_model(lake, EdgeModelConfig())
 
     lake.write_bytes(f"{base}/model_info.json", json.dumps({
         "class_names": ["functional", "defective"], "input_shape": [None, 24, 24, 1], "mlflow_run_id": "r",
         "registered_model_name": "m", "model_version": "1"}).encode())
     with pytest.raises(EdgeBuildError, match="raw_images holds no Parquet files"):
-        build_edge_model(lake, EdgeBuildSettings())
+        build_edge_model(lake, EdgeModelConfig())
     with pytest.raises(EdgeBuildError, match="set both raw_height and raw_width"):
         (tmp_path / "lake" / "raw_images" / "batch=b").mkdir(parents=True)
         import pyarrow as pa
@@ -73,6 +74,6 @@ def test_missing_upstream_data_says_what_to_materialize(tmp_path, trained_classi
         pq.write_table(pa.table({"sha256": ["x"], "split": ["train"], "width": [48], "height": [48],
                                  "status": ["valid"], "label": ["functional"], "content": [b""]}),
                        tmp_path / "lake" / "raw_images" / "batch=b" / "part-0.parquet")
-        build_edge_model(lake, EdgeBuildSettings(raw_height=48))
+        build_edge_model(lake, EdgeModelConfig(raw_height=48))
     with pytest.raises(EdgeBuildError, match="materialize image_features first"):
-        build_edge_model(lake, EdgeBuildSettings())
+        build_edge_model(lake, EdgeModelConfig())
