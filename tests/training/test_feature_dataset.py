@@ -11,8 +11,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-
 import training_data
+
 from dgx_assets.training.dataset import (
     FeatureDataError,
     FeatureFiles,

@@ -9,9 +9,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import training_data
+from imagefactory import valid_images
 from PIL import Image
 
-import training_data
 from dgx_assets.training.features import (
     FEATURE_COLUMNS,
     FeatureConfig,
@@ -21,7 +22,6 @@ from dgx_assets.training.features import (
     plan_row_groups,
     tensor_from_row,
 )
-from imagefactory import valid_images
 
 
 def _rows_for(images: dict[str, bytes], batch="b1") -> pd.DataFrame:
@@ -52,7 +52,8 @@ def test_tensor_is_the_resized_image_and_statistics_describe_it():
                       "checker.png": training_data.png(checker)})
 
     features = compute_features(rows, FeatureConfig(image_height=32, image_width=32, channels=1)).set_index("path")
-    ramp, flat_row, checker_row = (features.loc[f"file:///landing/b1/functional/{n}"] for n in ("ramp.png", "flat.png", "checker.png"))
+    names = ("ramp.png", "flat.png", "checker.png")
+    ramp, flat_row, checker_row = (features.loc[f"file:///landing/b1/functional/{n}"] for n in names)
 
     resized = np.asarray(Image.fromarray(grey).resize((32, 32), Image.BILINEAR), dtype=np.float64)
     assert np.abs(tensor_from_row(ramp.tensor, ramp.tensor_shape)[..., 0] - resized).mean() < 3.0

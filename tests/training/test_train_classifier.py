@@ -37,6 +37,7 @@ def test_dataset_streams_every_row_of_a_split_once(feature_files):
 
 def test_mixed_tensor_shapes_are_refused(feature_files, tmp_path):
     import training_data
+
     from dgx_assets.training.features import FeatureConfig
 
     other = training_data.write_feature_partitions(tmp_path, FeatureConfig(image_height=40, image_width=40), 30, ("b9",))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-
 import training_data
+
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
@@ -182,7 +182,7 @@ def test_definitions_load_and_the_retraining_job_validates():
 def test_nightly_schedule_requests_one_run_per_tick(monkeypatch):
     schedule = retraining_schedule_from_env()
     assert schedule.cron_schedule == "0 2 * * *" and schedule.job_name == "retrain_model"
-    tick = dt.datetime(2026, 5, 4, 2, 0, tzinfo=dt.timezone.utc)
+    tick = dt.datetime(2026, 5, 4, 2, 0, tzinfo=dt.UTC)
     with dg.instance_for_test() as instance:
         context = dg.build_schedule_context(instance=instance, scheduled_execution_time=tick)
         requests = schedule.evaluate_tick(context).run_requests
