@@ -1,7 +1,7 @@
 """The run's SparkSession, configured from a deployment profile (local, Spark Standalone, Kubernetes).
 
-This module is imported by the code location, so it must not import pyspark: the session is built in
-`setup_for_execution`, through dagster_pyspark's PySparkResource, only when a run actually uses Spark.
+This module is imported by the code location, so it must not import pyspark: the session is built at
+the first use of `spark_session` in a run, through dagster_pyspark's LazyPySparkResource.
 """
 
 from __future__ import annotations
@@ -104,11 +104,11 @@ class SparkResource(dg.ConfigurableResource):
             from urllib.parse import urlparse
 
             os.makedirs(urlparse(conf["spark.eventLog.dir"]).path, exist_ok=True)
-        from dagster_pyspark import PySparkResource
+        from dagster_pyspark import LazyPySparkResource
 
-        # getOrCreate inside: every asset of an in-process run shares this one session.
-        self._pyspark = PySparkResource(spark_config=conf)
-        self._pyspark.setup_for_execution(context)
+        # getOrCreate on first use: every asset of an in-process run shares this one session, and a step that
+        # may use Spark (trained_model with distribution single) does not start it for nothing.
+        self._pyspark = LazyPySparkResource(spark_config=conf)
 
     @property
     def spark_session(self):

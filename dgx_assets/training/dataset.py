@@ -96,6 +96,34 @@ def scan_features(files: FeatureFiles) -> FeatureIndex:
     return index
 
 
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The part of the feature files one of ``of`` training workers reads, disjoint from the others' parts:
+    whole Parquet row groups ((path, row group) pairs), or, with fewer row groups than workers, every
+    ``of``-th row of the scan."""
+
+    index: int
+    of: int
+    row_groups: tuple[tuple[str, int], ...] | None = None
+
+    def record_batches(self, files: FeatureFiles, paths: list[str], columns: list[str], scan_filter: Any):
+        if self.row_groups is None:
+            dataset = pads.dataset(paths, filesystem=files.filesystem, format="parquet")
+            seen = 0
+            for batch in dataset.to_batches(columns=columns, filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False):
+                first = (self.index - seen) % self.of  # the first row of this batch that is ours
+                seen += batch.num_rows
+                yield batch.take(pa.array(range(first, batch.num_rows, self.of), pa.int64()))
+            return
+        groups: dict[str, list[int]] = {}
+        for path, group in self.row_groups:
+            groups.setdefault(path, []).append(group)
+        parquet = pads.ParquetFileFormat()
+        for path in (p for p in paths if p in groups):
+            fragment = parquet.make_fragment(path, filesystem=files.filesystem, row_groups=sorted(groups[path]))
+            yield from fragment.to_batches(columns=columns, filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False)
+
+
 def make_dataset(
     files: FeatureFiles,
     index: FeatureIndex,
@@ -106,8 +134,10 @@ def make_dataset(
     augment: bool = False,
     seed: int = 0,
     shuffle_buffer: int = 2048,
+    shard: Shard | None = None,
 ) -> Any:
-    """Batches of (float32 pixels 0..255, int32 label index) for ``split``."""
+    """Batches of (float32 pixels 0..255, int32 label index) for ``split`` (of one ``shard`` of it: then of
+    unknown length)."""
     import tensorflow as tf
 
     class_names = pa.array(index.class_names, pa.string())
@@ -121,10 +151,13 @@ def make_dataset(
         paths = list(files.paths)
         if shuffle:
             rng.shuffle(paths)
-        dataset = pads.dataset(paths, filesystem=files.filesystem, format="parquet")
-        for batch in dataset.to_batches(
-            columns=["tensor", "label"], filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False
-        ):
+        if shard is not None:
+            batches = shard.record_batches(files, paths, ["tensor", "label"], scan_filter)
+        else:
+            batches = pads.dataset(paths, filesystem=files.filesystem, format="parquet").to_batches(
+                columns=["tensor", "label"], filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False
+            )
+        for batch in batches:
             if batch.num_rows:
                 yield _pixel_block(batch.column("tensor"), shape), _label_ids(batch.column("label"), class_names)
 
@@ -136,8 +169,9 @@ def make_dataset(
             output_signature=(tf.TensorSpec((None, *shape), tf.uint8), tf.TensorSpec((None,), tf.int32)),
         )
         .unbatch()
-        .apply(tf.data.experimental.assert_cardinality(index.rows(split)))
     )
+    if shard is None:
+        data = data.apply(tf.data.experimental.assert_cardinality(index.rows(split)))
     if shuffle:
         data = data.shuffle(min(shuffle_buffer, index.rows(split)), seed=seed, reshuffle_each_iteration=True)
 

@@ -67,8 +67,11 @@ def train_and_track(
     checkpoint_root: str,
     lineage: DagsterLineage = DagsterLineage(),
     log: Any = None,
+    trainer: Any = None,
 ) -> TrackedModel:
-    """Train in an MLflow run, register the model and alias the new version ``candidate``."""
+    """Train in an MLflow run, register the model and alias the new version ``candidate``. ``trainer`` trains
+    (``train_classifier``'s signature; default ``train_classifier``, distributed.train_on_spark bound to a
+    SparkSession for the spark distribution)."""
     config.validate()  # bad settings fail before anything is written anywhere
     check_tracking_uri(tracking.tracking_uri)
     index = scan_features(files)
@@ -124,7 +127,7 @@ def train_and_track(
             client.log_batch(run_id, metrics=metrics)
             say(f"epoch {epoch}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(values.items())))
 
-        result = train_classifier(files, config, checkpoint_dir, on_epoch_end=log_epoch, index=index)
+        result = (trainer or train_classifier)(files, config, checkpoint_dir, on_epoch_end=log_epoch, index=index)
 
         if result.head_warm_start is not None:
             mlflow.set_tag("dgx.head_warm_start", result.head_warm_start.reason)

@@ -41,6 +41,7 @@ class Recipe:
 
 
 SCHEDULES = ("cosine", "plateau")
+DISTRIBUTIONS = ("single", "spark", "auto")
 # Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
 # a high one halved on plateaus.
 RECIPES = {
@@ -73,6 +74,9 @@ class TrainConfig:
     mixed_precision: str = "auto"  # "auto": mixed_float16 on GPUs, float32 on CPU; "off": always float32
     shuffle_buffer: int = 2048
     deterministic: bool = True  # same data + config -> same metrics; off trades that for GPU speed
+    # "single": MirroredStrategy in this process; "spark": one Spark barrier task per executor, each a
+    # MultiWorkerMirroredStrategy worker (training/distributed.py); "auto": spark on a cluster deployment.
+    distribution: str = "single"
 
     @property
     def model(self) -> ModelConfig:
@@ -99,6 +103,8 @@ class TrainConfig:
             raise ModelConfigError(f"learning_rate must be positive (setting 'learning_rate'), got {resolved.learning_rate}")
         if self.mixed_precision not in ("auto", "off"):
             raise ModelConfigError(f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ModelConfigError(f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}")
         if resolved.schedule not in SCHEDULES:
             raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")
 
@@ -176,18 +182,7 @@ def train_classifier(
     policy = "mixed_float16" if gpus and config.mixed_precision == "auto" else "float32"
     global_batch = config.batch_size * strategy.num_replicas_in_sync
 
-    previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        with strategy.scope():
-            model = build_classifier(config.model, index.tensor_shape, len(index.class_names))
-            model.compile(
-                optimizer=keras.optimizers.Adam(config.learning_rate),
-                loss=keras.losses.SparseCategoricalCrossentropy(),
-                metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            )
-    finally:
-        keras.mixed_precision.set_global_policy(previous_policy)
+    model = compiled_classifier(config, index, strategy, policy)
     head_start = None
     if config.backbone == EFFICIENTNET_LITE0 and config.head_warm_start:
         head_start = warm_start_head(model, files, index, config.seed, balanced=config.class_weighting)
@@ -198,10 +193,7 @@ def train_classifier(
     )
     validation_data = make_dataset(files, index, "validation", global_batch)
     recorder = _epoch_recorder(on_epoch_end)
-    early_stopping = keras.callbacks.EarlyStopping(
-        monitor="val_loss", patience=config.patience, restore_best_weights=True, verbose=0,
-        start_from_epoch=min(config.warmup_epochs, config.epochs - 1),
-    )
+    early_stopping = _early_stopping(config)
     callbacks = [
         # Saves model, optimizer and epoch after every epoch; restores them when the job starts again.
         keras.callbacks.BackupAndRestore(checkpoint_dir, save_freq="epoch", delete_checkpoint=True),
@@ -240,6 +232,34 @@ def train_classifier(
         split_counts=index.counts,
         class_weights={name: round((class_weights or {}).get(i, 1.0), 6) for i, name in enumerate(index.class_names)},
         seconds=time.monotonic() - started,
+    )
+
+
+def compiled_classifier(config: TrainConfig, index: FeatureIndex, strategy: Any, policy: str) -> Any:
+    """The classifier built and compiled under ``strategy`` in precision ``policy`` (a resolved config)."""
+    import keras
+
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        with strategy.scope():
+            model = build_classifier(config.model, index.tensor_shape, len(index.class_names))
+            model.compile(
+                optimizer=keras.optimizers.Adam(config.learning_rate),
+                loss=keras.losses.SparseCategoricalCrossentropy(),
+                metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            )
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+    return model
+
+
+def _early_stopping(config: TrainConfig) -> Any:
+    import keras
+
+    return keras.callbacks.EarlyStopping(
+        monitor="val_loss", patience=config.patience, restore_best_weights=True, verbose=0,
+        start_from_epoch=min(config.warmup_epochs, config.epochs - 1),
     )
 
 
