@@ -1,4 +1,58 @@
+import warnings
+from collections.abc import Callable
+from typing import NamedTuple
+
 import dagster as dg
 
 # One partition per top-level batch folder of the landing zone; the new-data sensor adds them.
 image_batches = dg.DynamicPartitionsDefinition(name="image_batches")
+
+# A backfill of many batches runs as runs of at most this many batches, each run with one SparkSession: Spark's
+# start-up is paid once per run instead of once per batch, and a failed run redoes at most this many.
+MAX_BATCHES_PER_RUN = 20
+# backfill_policy is marked beta in Dagster 1.13; it is the documented way to run a backfill in fewer runs.
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
+batch_backfill_policy = dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_BATCHES_PER_RUN)
+
+
+PER_BATCH = "per_batch"  # a backfill run's summary: batch -> its summary row
+
+
+class BatchResult(NamedTuple):
+    metadata: dict
+    data_version: dg.DataVersion | None = None
+
+
+def materialize_batches(context: dg.AssetExecutionContext, one_batch: Callable[[str], BatchResult],
+                        summary: Callable[[str, BatchResult], dict]) -> dg.MaterializeResult:
+    """Materialize every partition of the run, one batch after the other (each committed atomically by
+    ``one_batch``). A run of one batch returns that batch's result. A backfill run reports each batch as the
+    materialization of its partition as soon as it is committed, so a later failure loses none of them, and
+    returns a table of ``summary(batch, result)`` rows; Dagster records that last, for every partition of the run.
+    """
+    keys = context.partition_keys
+    if len(keys) == 1:
+        result = one_batch(keys[0])
+        return dg.MaterializeResult(metadata=result.metadata, data_version=result.data_version)
+    rows = []
+    for number, key in enumerate(keys, 1):
+        context.log.info(f"batch {number} of {len(keys)}: {key}")
+        result = one_batch(key)
+        context.log_event(dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=result.metadata))
+        rows.append({"batch": key, **summary(key, result)})
+    columns = list(rows[0])
+    table = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n" + "".join(
+        "| " + " | ".join(str(row[c]) for c in columns) + " |\n" for row in rows)
+    return dg.MaterializeResult(metadata={
+        "batches_in_run": len(keys),
+        "batches": dg.MetadataValue.md(table),
+        PER_BATCH: dg.MetadataValue.json({row["batch"]: row for row in rows}),
+    })
+
+
+def batch_metadata(metadata: dict, batch: str, key: str):
+    """``key`` of a materialization's metadata for ``batch``: its own, or its row of a backfill run's summary."""
+    if key in metadata:
+        return metadata[key].value
+    per_batch = metadata.get(PER_BATCH)
+    return per_batch.value.get(batch, {}).get(key) if per_batch is not None else None

@@ -2,7 +2,7 @@ import dagster as dg
 
 from dgx_assets import metadata
 from dgx_assets.ingest import images
-from dgx_assets.partitions import image_batches
+from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource
 from dgx_assets.spark.progress import spark_progress
 from dgx_assets.spark.resource import SparkResource
@@ -44,15 +44,25 @@ class RawImagesConfig(dg.Config):
     kinds={"spark", "parquet"},
     owners=ASSET_OWNERS,
     code_version="1",
+    backfill_policy=batch_backfill_policy,
     description=(
         "One row per file of a landing batch: decoded on Spark executors with Pillow, status `valid` or a reason "
         "class, stable train/validation/test split from the content hash, image bytes compacted into Parquet."
     ),
 )
 def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark: SparkResource, lake: LakeResource):
+    # A backfill run ingests its batches one after the other in the run's one SparkSession.
+    return materialize_batches(
+        context, lambda batch: _ingest_batch(context, batch, config, spark, lake),
+        lambda batch, result: {"files_listed": result.metadata["files_listed"], "valid": result.metadata["valid"],
+                               LANDING_FINGERPRINT: result.metadata[LANDING_FINGERPRINT]},
+    )
+
+
+def _ingest_batch(context: dg.AssetExecutionContext, batch: str, config: RawImagesConfig, spark: SparkResource,
+                  lake: LakeResource) -> BatchResult:
     from dgx_assets.ingest import landing, spark_ingest, tables  # pyarrow and pandas: only when a run needs them
 
-    batch = context.partition_key
     store = lake.lake
     landing_batch = f"{lake.landing_uri.rstrip('/')}/{batch}"
     settings = spark_ingest.IngestSettings(
@@ -84,7 +94,7 @@ def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark
                      f"quarantined {summary['quarantined']}")
     preview = written.slice(0, 10).select(["path", "label", "status", "reason", "format", "width", "height", "split"])
     schema = tables.dataset(store, final).schema
-    return dg.MaterializeResult(
+    return BatchResult(
         metadata={
             "dagster/row_count": summary["files_listed"],
             metadata.COLUMN_SCHEMA: metadata.column_schema(schema, RAW_IMAGES_COLUMNS),

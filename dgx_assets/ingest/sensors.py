@@ -24,13 +24,13 @@ def _ingested_fingerprint(instance: dg.DagsterInstance, batch: str) -> str | Non
     """The landing fingerprint raw_images[batch] was last materialized from (by this sensor's run, `make demo`
     or a click in the UI), or None."""
     from dgx_assets.ingest.assets import LANDING_FINGERPRINT
+    from dgx_assets.partitions import batch_metadata
 
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_images"), asset_partitions=[batch]), limit=1).records
     if not records or records[0].asset_materialization is None:
         return None
-    value = records[0].asset_materialization.metadata.get(LANDING_FINGERPRINT)
-    return value.value if value is not None else None
+    return batch_metadata(records[0].asset_materialization.metadata, batch, LANDING_FINGERPRINT)
 
 
 # Watches the landing zone (file://, hdfs://, webhdfs://) for batch folders that are new or changed and done copying.

@@ -4,6 +4,7 @@ Thin on purpose: the work is in features.py, train.py and tracking.py. No Tensor
 import at module level: the code location imports this on every sensor tick.
 """
 
+import dataclasses
 from typing import Optional
 
 import dagster as dg
@@ -11,7 +12,7 @@ from pydantic import Field
 
 from dgx_assets import metadata
 from dgx_assets.k8s import gpu_step_tags
-from dgx_assets.partitions import image_batches
+from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
 
@@ -61,6 +62,7 @@ class ImageFeaturesConfig(dg.Config):
     owners=TRAINING_OWNERS,
     code_version=FEATURES_CODE_VERSION,
     automation_condition=dg.AutomationCondition.eager(),
+    backfill_policy=batch_backfill_policy,
     description=(
         "Model-ready features of the valid images of one raw_images batch, computed in Spark executors' Python "
         "workers with TensorFlow, each worker bound to the GPU Spark assigned its task: decoded, converted to the "
@@ -72,10 +74,18 @@ class ImageFeaturesConfig(dg.Config):
 def image_features(
     context: dg.AssetExecutionContext, config: ImageFeaturesConfig, spark: SparkResource, lake: LakeResource
 ) -> dg.MaterializeResult:
+    # A backfill run featurises its batches one after the other in the run's one SparkSession.
+    return materialize_batches(
+        context, lambda batch: _featurise_batch(context, batch, config, spark, lake),
+        lambda batch, result: {"rows": result.metadata["dagster/row_count"], "failed_rows": result.metadata["failed_rows"]},
+    )
+
+
+def _featurise_batch(context: dg.AssetExecutionContext, batch: str, config: ImageFeaturesConfig, spark: SparkResource,
+                     lake: LakeResource) -> BatchResult:
     from dgx_assets.spark.progress import spark_progress
     from dgx_assets.training.features import FeatureConfig, FeatureConfigError, build_image_features
 
-    batch = context.partition_key
     store = lake.lake
     raw_uri = store.asset_uri("raw_images", batch)
     if not store.data_files(raw_uri):
@@ -108,7 +118,7 @@ def image_features(
     store.commit(staging, final)
     overview = _feature_overview(store, final)
     context.log.info(f"image_features[{batch}]: {summary.feature_rows} rows on {summary.devices}")
-    return dg.MaterializeResult(
+    return BatchResult(
         metadata={
             "dagster/row_count": summary.feature_rows,
             "failed_rows": summary.failed_rows,
@@ -179,6 +189,11 @@ class TrainedModelConfig(dg.Config):
     checkpoint_dir: Optional[str] = Field(
         None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
     )
+    distribution: str = Field(
+        "single", description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
+        "executor (and its GPU), MultiWorkerMirroredStrategy across them, checkpoint_dir shared by the executors; "
+        "auto: spark on the standalone and k8s deployments, single on local",
+    )
     use_searched_hyperparameters: bool = Field(
         False, description="Take learning_rate, dropout and batch_size from hyperparameter_search's best_config.json"
     )
@@ -206,7 +221,8 @@ class TrainedModelConfig(dg.Config):
     ),
 )
 def trained_model(
-    context: dg.AssetExecutionContext, config: TrainedModelConfig, lake: LakeResource, mlflow: MlflowResource
+    context: dg.AssetExecutionContext, config: TrainedModelConfig, lake: LakeResource, mlflow: MlflowResource,
+    spark: SparkResource,
 ) -> dg.MaterializeResult:
     from pathlib import Path
 
@@ -229,6 +245,18 @@ def trained_model(
     checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
     context.log.info(f"Training on {len(paths)} files of {len(partitions)} image_features partitions")
     train_config = config.train_config()
+    from dgx_assets.training.distributed import resolve_distribution
+
+    trainer = None
+    distribution = resolve_distribution(config.distribution, spark.deployment or settings.deployment())
+    if distribution == "spark":  # the run's SparkSession starts only here: single training never needs it
+        import functools
+
+        from dgx_assets.training.distributed import train_on_spark
+
+        trainer = functools.partial(train_on_spark, spark.spark_session)
+        context.log.info("Training on Spark executors (barrier stage, MultiWorkerMirroredStrategy)")
+    train_config = dataclasses.replace(train_config, distribution=distribution)
     if config.use_searched_hyperparameters:
         from dgx_assets.tuning.best_config import apply_best_config
 
@@ -240,7 +268,7 @@ def trained_model(
     try:
         tracked = train_and_track(
             FeatureFiles(store.fs, tuple(paths)), store.asset_uri("image_features"), train_config,
-            tracking, checkpoints, lineage, log=context.log.info,
+            tracking, checkpoints, lineage, log=context.log.info, trainer=trainer,
         )
     except (ModelConfigError, TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error
