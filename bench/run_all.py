@@ -26,7 +26,8 @@ from pathlib import Path
 from bench.common import REPO, RESULTS_DIR, prepare_environment
 
 # Cheapest first, so a smoke run shows trouble early; each runs alone (they would fight for the CPUs).
-BENCHMARKS = ("code_location", "train_input", "edge", "serving", "ingest", "features", "png_saver", "end_to_end")
+BENCHMARKS = ("code_location", "train_input", "edge", "serving", "ingest", "features", "png_saver", "end_to_end",
+              "scale_out")
 RESULT_LINE = re.compile(r"^RESULT (\S+) (\S+) \(goal (>=|<=) (\S+)\)$")
 
 
