@@ -159,20 +159,25 @@ def _feature_overview(store, uri: str) -> dict:
 class TrainedModelConfig(dg.Config):
     backbone: str = Field(
         "efficientnet_lite0",
-        description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), mobilenet_v2 or resnet50",
+        description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), "
+        "mobilenet_v2 or resnet50",
     )
     weights_path: Optional[str] = Field(
         None, description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
         "weights), the others a Keras weights file (empty: from scratch)",
     )
     trainable_from_block: int = Field(9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
-    head_warm_start: bool = Field(True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning")
+    head_warm_start: bool = Field(
+        True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning")
     width: int = Field(48, description="scratch width (filters of its first block)")
     dropout: float = Field(0.2, description="Dropout before the softmax layer")
-    epochs: Optional[int] = Field(None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe (6 fine-tuning, 40 scratch)")
+    epochs: Optional[int] = Field(
+        None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe (6 fine-tuning, 40 scratch)")
     batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
-    learning_rate: Optional[float] = Field(None, description="Adam learning rate; empty: the backbone's recipe (3e-4 fine-tuning, 2e-3 scratch)")
-    patience: Optional[int] = Field(None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's")
+    learning_rate: Optional[float] = Field(
+        None, description="Adam learning rate; empty: the backbone's recipe (3e-4 fine-tuning, 2e-3 scratch)")
+    patience: Optional[int] = Field(
+        None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's")
     warmup_epochs: Optional[int] = Field(None, description="First epochs early stopping ignores; empty: the recipe's")
     schedule: Optional[str] = Field(
         None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's "
@@ -185,7 +190,8 @@ class TrainedModelConfig(dg.Config):
     seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
     augment: bool = Field(True, description="Random flips and quarter turns of training images")
     mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
-    deterministic: bool = Field(True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
+    deterministic: bool = Field(
+        True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
     checkpoint_dir: Optional[str] = Field(
         None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
     )

@@ -20,10 +20,19 @@ from typing import Any
 import numpy as np
 
 from dgx_assets.training.dataset import (
-    FeatureFiles, FeatureIndex, make_dataset, read_embeddings, scan_features,
+    FeatureFiles,
+    FeatureIndex,
+    make_dataset,
+    read_embeddings,
+    scan_features,
 )
 from dgx_assets.training.model import (
-    EFFICIENTNET_LITE0, OUTPUT_NAME, SCRATCH, ModelConfig, ModelConfigError, build_classifier,
+    EFFICIENTNET_LITE0,
+    OUTPUT_NAME,
+    SCRATCH,
+    ModelConfig,
+    ModelConfigError,
+    build_classifier,
     embedding_model,
 )
 
@@ -83,7 +92,7 @@ class TrainConfig:
         return ModelConfig(backbone=self.backbone, weights_path=self.weights_path, dropout=self.dropout,
                            width=self.width, trainable_from_block=self.trainable_from_block)
 
-    def resolved(self) -> "TrainConfig":
+    def resolved(self) -> TrainConfig:
         """This config with every recipe field filled in from the backbone's recipe."""
         recipe = RECIPES.get(self.backbone, _APPLICATION_RECIPE)
         return dataclasses.replace(self, **{
@@ -102,9 +111,11 @@ class TrainConfig:
         if not resolved.learning_rate > 0:
             raise ModelConfigError(f"learning_rate must be positive (setting 'learning_rate'), got {resolved.learning_rate}")
         if self.mixed_precision not in ("auto", "off"):
-            raise ModelConfigError(f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}")
+            raise ModelConfigError(
+                f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}")
         if self.distribution not in DISTRIBUTIONS:
-            raise ModelConfigError(f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}")
+            raise ModelConfigError(
+                f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}")
         if resolved.schedule not in SCHEDULES:
             raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")
 
@@ -138,7 +149,7 @@ class TrainingResult:
     split_counts: dict[str, dict[str, int]]
     class_weights: dict[str, float]
     seconds: float
-    head_warm_start: "HeadStart | None" = None
+    head_warm_start: HeadStart | None = None
 
     @property
     def params(self) -> dict[str, Any]:
