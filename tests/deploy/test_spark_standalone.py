@@ -209,3 +209,52 @@ def stop_session_and_gateway() -> None:
         gateway.proc.wait(timeout=60)
         SparkContext._gateway = None
         SparkContext._jvm = None
+
+
+def tiny_feature_files(folder: Path):
+    """Two image_features-shaped Parquet files (8x8 grey tensors, bright = defective): enough to train a step."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from dgx_assets.training.dataset import FeatureFiles
+
+    rng, paths = np.random.default_rng(0), []
+    for batch in ("b0", "b1"):
+        labels = ["defective", "functional"] * 20
+        splits = (["train"] * 6 + ["validation", "test"] * 2) * 4
+        tensors = [rng.integers(150 if label == "defective" else 0, 256 if label == "defective" else 100, 64,
+                                dtype=np.uint8).tobytes() for label in labels]
+        table = pa.table({"label": labels, "split": splits, "feature_status": ["ok"] * 40,
+                          "tensor_shape": [[8, 8, 1]] * 40, "tensor": pa.array(tensors, pa.binary())})
+        paths.append(str(folder / f"{batch}.parquet"))
+        pq.write_table(table, paths[-1])
+    return FeatureFiles(pafs.LocalFileSystem(), tuple(paths))
+
+
+@pytest.mark.timeout(300)
+def test_standalone_training_workers_each_bind_their_own_gpu(standalone_cluster, tmp_path):
+    from dgx_assets.training.distributed import train_on_spark
+    from dgx_assets.training.train import TrainConfig
+
+    master_url, _, _ = standalone_cluster
+    spark = SparkResource(deployment="standalone", master=master_url, spark_conf={
+        "spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.task.resource.gpu.amount": "1",
+        "spark.cores.max": "2", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false", "spark.eventLog.enabled": "false", "spark.pyspark.python": sys.executable,
+    })
+    config = TrainConfig(backbone="scratch", width=4, epochs=1, batch_size=8, augment=False)
+    try:
+        with dg.build_init_resource_context() as init:
+            spark.setup_for_execution(init)
+        result = train_on_spark(spark.spark_session, tiny_feature_files(tmp_path), config, str(tmp_path / "ckpt"))
+    finally:
+        stop_session_and_gateway()
+
+    assert len(result.workers) == 2 and all(w.steps > 0 for w in result.workers)
+    for worker in result.workers:
+        [gpu] = worker.spark_gpus  # one whole GPU per training task (the stage's resource profile)
+        assert gpu in ALLOWED_GPUS
+        assert worker.cuda_visible_devices == gpu  # bound before TensorFlow started in the worker process
+    assert sorted(w.spark_gpus[0] for w in result.workers) == ALLOWED_GPUS  # each its own
