@@ -164,6 +164,28 @@ def test_bad_training_setting_fails_the_run_with_a_message_naming_it(platform, t
     assert "unknown backbone 'vgg99' (setting 'backbone')" in failure.step_failure_data.error.message
 
 
+def test_trained_model_trains_on_spark_barrier_tasks_with_distribution_spark(platform, trained):
+    from mlflow import MlflowClient
+
+    instance, resources, root = platform
+    result = dg.materialize(
+        [trained_model], instance=instance, resources=resources,
+        run_config={"ops": {"trained_model": {"config": _training_config(root, distribution="spark", epochs=1)}}},
+    )
+    assert result.success
+    metadata = result.asset_materializations_for_node("trained_model")[0].metadata
+    assert metadata["strategy"].value.startswith("MultiWorkerMirroredStrategy x1")  # local[2]: one barrier task
+    run = MlflowClient(resources["mlflow"].resolved_tracking_uri).get_run(metadata["mlflow_run_id"].value)
+    assert run.data.params["distribution"] == "spark" and run.data.params["workers"] == "1"
+
+    refused = dg.materialize(
+        [trained_model], instance=instance, resources=resources, raise_on_error=False,
+        run_config={"ops": {"trained_model": {"config": _training_config(root, distribution="mpi")}}},
+    )
+    failure = next(e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "(setting 'distribution')" in failure.step_failure_data.error.message
+
+
 def test_definitions_load_and_the_retraining_job_validates():
     merged = dg.Definitions.merge(
         training_defs,
