@@ -62,13 +62,31 @@ def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, descrip
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning)
 
 
-def _batch_suite(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource, suite: str,
-                 expectations: list, valid_only: bool = False) -> SuiteOutcome:
-    """One GE suite over the check's raw_images batch, named in the data docs by asset, check and batch (GE
-    says `__none__` otherwise)."""
-    frame = _partition_frame(spark, lake, context.partition_key, valid_only=valid_only)
-    run_name = f"{raw_images.key.to_user_string()}.{context.check_specs[0].name}[{context.partition_key}]"
+def _batch_suite(context: dg.AssetCheckExecutionContext, batch: str, spark: SparkResource, lake: LakeResource,
+                 suite: str, expectations: list, valid_only: bool = False) -> SuiteOutcome:
+    """One GE suite over one raw_images batch, named in the data docs by asset, check and batch (GE says
+    `__none__` otherwise)."""
+    frame = _partition_frame(spark, lake, batch, valid_only=valid_only)
+    run_name = f"{raw_images.key.to_user_string()}.{context.check_specs[0].name}[{batch}]"
     return run_suite(frame, suite, expectations, settings.state_dir() / "gx", run_name)
+
+
+def _each_batch(context: dg.AssetCheckExecutionContext, evaluate) -> dg.AssetCheckResult:
+    """The check over every batch of the run: one in a sensor or UI run, up to MAX_BATCHES_PER_RUN in a backfill
+    run (raw_images' backfill policy). Several batches give one result that fails when any batch fails and
+    names each failing batch with its own what-to-fix text."""
+    results = {batch: evaluate(batch) for batch in context.partition_keys}
+    if len(results) == 1:
+        return next(iter(results.values()))
+    failed = [batch for batch, result in results.items() if not result.passed]
+    return dg.AssetCheckResult(
+        passed=not failed,
+        severity=next(iter(results.values())).severity,
+        description=" ".join(f"[{batch}] {results[batch].description}" for batch in failed)
+        or f"all {len(results)} batches pass",
+        metadata={"batches": dg.MetadataValue.json(
+            {batch: {"passed": result.passed, "description": result.description} for batch, result in results.items()})},
+    )
 
 
 # Blocks everything downstream when too few files of a batch are usable images.
@@ -81,22 +99,26 @@ def _batch_suite(context: dg.AssetCheckExecutionContext, spark: SparkResource, l
 def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShareConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    outcome = _batch_suite(context, spark, lake, "raw_images_valid_share", [
-        gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID], mostly=config.min_valid_share),
-    ])
-    share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
-    what_to_fix = "" if outcome.success else (
-        f"Only {share:.1%} of batch {context.partition_key} decoded as images (at least {config.min_valid_share:.0%} "
-        "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
-        "special files too: copy the real files in) in the landing batch, then re-materialize."
-    )
-    return _result(
-        outcome,
-        description=what_to_fix or f"{share:.1%} of batch {context.partition_key} are valid images",
-        valid_share=round(share, 4),
-        min_valid_share=config.min_valid_share,
-        what_to_fix=what_to_fix,
-    )
+    def evaluate(batch: str) -> dg.AssetCheckResult:
+        outcome = _batch_suite(context, batch, spark, lake, "raw_images_valid_share", [
+            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID],
+                                                        mostly=config.min_valid_share),
+        ])
+        share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
+        what_to_fix = "" if outcome.success else (
+            f"Only {share:.1%} of batch {batch} decoded as images (at least {config.min_valid_share:.0%} "
+            "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
+            "special files too: copy the real files in) in the landing batch, then re-materialize."
+        )
+        return _result(
+            outcome,
+            description=what_to_fix or f"{share:.1%} of batch {batch} are valid images",
+            valid_share=round(share, 4),
+            min_valid_share=config.min_valid_share,
+            what_to_fix=what_to_fix,
+        )
+
+    return _each_batch(context, evaluate)
 
 
 # Warns when valid images have sizes or formats outside what the model and cameras are expected to give.
@@ -108,12 +130,16 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
 def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    outcome = _batch_suite(context, spark, lake, "raw_images_bounds", [
-        gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),
-        gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
-    ], valid_only=True)
-    return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
+    def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
+        return [
+            gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
+        ]
+
+    return _each_batch(context, lambda batch: _result(
+        _batch_suite(context, batch, spark, lake, "raw_images_bounds", expectations(), valid_only=True),
+        severity=dg.AssetCheckSeverity.WARN))
 
 
 # Warns when files carry a label folder the classifier does not know.
@@ -125,11 +151,14 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
 def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    outcome = _batch_suite(context, spark, lake, "raw_images_labels", [
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
-    ])
-    return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
+    def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
+        return [
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
+        ]
+
+    return _each_batch(context, lambda batch: _result(
+        _batch_suite(context, batch, spark, lake, "raw_images_labels", expectations()), severity=dg.AssetCheckSeverity.WARN))
 
 
 # Warns when the same image bytes arrive twice in one batch (they would be counted twice in training and evaluation).
@@ -141,10 +170,10 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
 def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    outcome = _batch_suite(context, spark, lake, "raw_images_duplicates", [
-        gx.expectations.ExpectColumnValuesToBeUnique(column="sha256"),
-    ], valid_only=True)
-    return _result(outcome, severity=dg.AssetCheckSeverity.WARN)
+    return _each_batch(context, lambda batch: _result(
+        _batch_suite(context, batch, spark, lake, "raw_images_duplicates",
+                     [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")], valid_only=True),
+        severity=dg.AssetCheckSeverity.WARN))
 
 
 raw_image_checks = [valid_image_share, image_bounds, labels_expected, no_duplicate_content]

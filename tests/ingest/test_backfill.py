@@ -82,3 +82,33 @@ def test_a_failing_batch_keeps_the_batches_committed_before_it(tmp_path, spark_r
         failure = result.failure_data_for_node("raw_images").error.message
         assert "c1" in failure and "holds no image files" in failure
         assert Lake(str(lake_root)).partitions("raw_images") == ["c0"]
+
+
+@pytest.mark.timeout(300)
+def test_raw_images_checks_judge_every_batch_of_a_backfill_run(tmp_path, spark_resource):
+    """The GE checks of a multi-batch run evaluate each batch and name the one that fails."""
+    from imagefactory import write_mostly_corrupt_batch
+
+    from dgx_assets.ingest.checks import raw_image_checks
+
+    lake_root = tmp_path / "lake"
+    keys = ["d0", "d1", "d2"]
+    write_batch(lake_root / "landing", "d0", bad=False)
+    write_mostly_corrupt_batch(lake_root / "landing", "d1")
+    write_batch(lake_root / "landing", "d2", seed=2, bad=False)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(image_batches.name, keys)
+        result = dg.materialize(
+            [raw_images, *raw_image_checks], instance=instance,
+            resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
+            tags={ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]},
+            raise_on_error=False,
+        )
+        evaluations = {e.asset_check_key.name: e for e in result.get_asset_check_evaluations()}
+
+    assert set(evaluations) == {check.check_key.name for check in raw_image_checks}  # every check ran, none crashed
+    share = evaluations["valid_image_share"]
+    assert not share.passed and "[d1]" in share.description and "d0" not in share.description
+    batches = share.metadata["batches"].value
+    assert {batch: outcome["passed"] for batch, outcome in batches.items()} == {"d0": True, "d1": False, "d2": True}
+    assert evaluations["labels_expected"].passed and evaluations["no_duplicate_content"].passed
