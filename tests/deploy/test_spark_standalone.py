@@ -58,6 +58,12 @@ def master_state(webui_port: int) -> dict | None:
 @pytest.fixture
 def standalone_cluster(tmp_path):
     """Master and one worker (2 cores, the allowed fake GPUs); stopped by PID afterwards."""
+    # A session left by an earlier test in this process (dagster_pyspark's resources never stop theirs) would be
+    # returned by getOrCreate instead of one on this cluster: stop it and its JVM first.
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        stop_session_and_gateway()
     master_port, master_ui, worker_port, worker_ui = (free_port() for _ in range(4))
     env = {
         **os.environ,
