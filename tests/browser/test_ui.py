@@ -137,7 +137,8 @@ def test_what_a_user_opens_after_a_run(dagster_dev, mlflow_ui, tmp_path, monkeyp
             page.screenshot(path=str(SCREENSHOTS / "2-trained-model-asset.png"))
 
             # 3. The link opens the MLflow run in the model-training view: its description links back to Dagster.
-            page.goto(run_link.get_attribute("href"), wait_until="networkidle")
+            # MLflow's page keeps polling the server, so it never goes network-idle: wait for its link instead.
+            page.goto(run_link.get_attribute("href"), wait_until="domcontentloaded")
             back = page.locator(f"a[href^='{dagster_ui}/runs/']").first
             back.wait_for(timeout=60_000)
             page.screenshot(path=str(SCREENSHOTS / "3-mlflow-run.png"))
