@@ -184,18 +184,18 @@ def read_embeddings(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(embeddings [rows, dims] float32, class indices, the first ``sample_rows`` tensors) of ``split``,
     or None when image_features was built without embeddings. Small: 1,280 floats per image."""
-    names = files.dataset().schema.names
-    if "embedding" not in names:
+    dataset = files.dataset()  # one discovery of the files' footers for the three reads below
+    if "embedding" not in dataset.schema.names:
         return None
     scan_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
-    table = files.dataset().to_table(columns=["embedding", "label"], filter=scan_filter)
+    table = dataset.to_table(columns=["embedding", "label"], filter=scan_filter)
     embeddings = table.column("embedding")
     if len(embeddings) == 0 or embeddings.null_count:
         return None
     flat = pc.list_flatten(embeddings).to_numpy(zero_copy_only=False).astype(np.float32)
     vectors = flat.reshape(len(embeddings), -1)
     labels = _label_ids(table.column("label").combine_chunks(), pa.array(index.class_names, pa.string()))
-    head = files.dataset().head(sample_rows, columns=["tensor"], filter=scan_filter).column("tensor")
+    head = dataset.head(sample_rows, columns=["tensor"], filter=scan_filter).column("tensor")
     sample = _pixel_block(head.combine_chunks(), index.tensor_shape)
     return vectors, labels, sample
 
