@@ -80,9 +80,10 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
     import pyarrow.parquet as pq
 
     from dgx_assets.ingest import images
+    from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
-    from dgx_assets.training.features import FeatureConfig, compute_features
-    from dgx_assets.training.train import TrainConfig, train_classifier
+    from dgx_assets.training.features import compute_features
+    from dgx_assets.training.train import train_classifier
 
     shutil.rmtree(root, ignore_errors=True)
     raw_dir, features_dir = root / "raw_images" / "batch=bench", root / "image_features" / "batch=bench"

@@ -32,7 +32,6 @@ embedding costs about 11 ms per image at 224 px on 2 cores, so a full run takes 
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import sys
 import uuid
@@ -188,8 +187,9 @@ def predict_batch_udf_features(spark, raw_uri: str, output_uri: str, config, udf
     from dgx_assets.spark.chunks import map_chunks, pack
     from dgx_assets.spark.parquet import image_table_options
     from dgx_assets.training import features
+    from dgx_assets.training.config import NO_EMBEDDING
 
-    plain = dataclasses.replace(config, embedding=features.NO_EMBEDDING)
+    plain = config.model_copy(update={"embedding": NO_EMBEDDING})
     groups = features.plan_row_groups(raw_uri)
     chunks = pack(groups, lambda group: group.bytes, features.TASK_BYTES, 2 * spark.sparkContext.defaultParallelism)
     frame = map_chunks(spark, chunks, functools.partial(features.features_of_row_groups, raw_uri=raw_uri, config=plain),
@@ -248,7 +248,8 @@ def compare_outputs(project: Path, other: Path, expected: int, name: str) -> dic
 
 def run(report: Report, args) -> None:
     isolate_state(NAME)
-    from dgx_assets.training.features import FeatureConfig, build_image_features
+    from dgx_assets.training.config import FeatureConfig
+    from dgx_assets.training.features import build_image_features
     from dgx_assets.training.model import load_embedding_model
 
     count = args.images or (24 if args.quick else 600)

@@ -105,10 +105,10 @@ def distributed(report: Report, args) -> None:
     import training_data
     from pyspark.sql import SparkSession
 
+    from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
     from dgx_assets.training.distributed import train_on_spark
-    from dgx_assets.training.features import FeatureConfig
-    from dgx_assets.training.train import TrainConfig, train_classifier
+    from dgx_assets.training.train import train_classifier
 
     root = work_dir(NAME) / "features"
     paths = training_data.write_feature_partitions(root, FeatureConfig(image_height=32, image_width=32),

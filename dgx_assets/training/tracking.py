@@ -34,8 +34,9 @@ from dgx_assets.tracking.store import (
     check_tracking_uri,
     run_url,
 )
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.dataset import FeatureFiles, scan_features
-from dgx_assets.training.train import TrainConfig, TrainingResult, train_classifier
+from dgx_assets.training.train import TrainingResult, train_classifier
 
 # Imported from here by training's Dagster layer and outputs; defined in dgx_assets.tracking.
 __all__ = ["CANDIDATE_ALIAS", "CHAMPION_ALIAS", "DagsterLineage", "TrackedModel", "TrackingConfig",
@@ -72,7 +73,7 @@ def train_and_track(
     """Train in an MLflow run, register the model and alias the new version ``candidate``. ``trainer`` trains
     (``train_classifier``'s signature; default ``train_classifier``, distributed.train_on_spark bound to a
     SparkSession for the spark distribution)."""
-    config.validate()  # bad settings fail before anything is written anywhere
+    config.check()  # bad settings fail before anything is written anywhere
     check_tracking_uri(tracking.tracking_uri)
     index = scan_features(files)
     say = log or (lambda message: None)
@@ -97,7 +98,7 @@ def train_and_track(
         run_id = run.info.run_id
         say(f"MLflow run {run_id} in experiment {tracking.experiment_name!r}")
         resolved = config.resolved()
-        mlflow.log_params({key: ("" if value is None else value) for key, value in dataclasses.asdict(resolved).items()})
+        mlflow.log_params({key: ("" if value is None else value) for key, value in resolved.model_dump().items()})
         weights = pretrained_weights_params(resolved)
         if weights:
             mlflow.log_params(weights)
@@ -179,7 +180,7 @@ def train_and_track(
 
 def pretrained_weights_params(config: TrainConfig) -> dict[str, str]:
     """Which pretrained weights the model started from (package, version, file, sha256), for MLflow."""
-    from dgx_assets.training.model import EFFICIENTNET_LITE0
+    from dgx_assets.training.config import EFFICIENTNET_LITE0
 
     if config.backbone != EFFICIENTNET_LITE0:
         return {}

@@ -10,8 +10,6 @@ finished epoch when started again with the same checkpoint directory.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from dgx_assets.training.config import EFFICIENTNET_LITE0, TrainConfig
 from dgx_assets.training.dataset import (
     FeatureFiles,
     FeatureIndex,
@@ -26,103 +25,7 @@ from dgx_assets.training.dataset import (
     read_embeddings,
     scan_features,
 )
-from dgx_assets.training.model import (
-    EFFICIENTNET_LITE0,
-    OUTPUT_NAME,
-    SCRATCH,
-    ModelConfig,
-    ModelConfigError,
-    build_classifier,
-    embedding_model,
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """The schedule a backbone trains well with; a TrainConfig field left None takes its value from here."""
-
-    epochs: int
-    learning_rate: float
-    patience: int  # epochs without val_loss improvement before stopping
-    warmup_epochs: int  # early stopping ignores these: the first validation losses are noise
-    schedule: str  # "cosine": decay to zero over `epochs`; "plateau": halve when validation stalls
-    class_weighting: bool  # weight classes by inverse frequency (balanced recall) or not (plain accuracy)
-
-
-SCHEDULES = ("cosine", "plateau")
-DISTRIBUTIONS = ("single", "spark", "auto")
-# Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
-# a high one halved on plateaus.
-RECIPES = {
-    EFFICIENTNET_LITE0: Recipe(epochs=6, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine",
-                               class_weighting=False),
-    SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau",
-                    class_weighting=True),
-}
-_APPLICATION_RECIPE = Recipe(epochs=20, learning_rate=1e-3, patience=5, warmup_epochs=3, schedule="plateau",
-                             class_weighting=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    backbone: str = EFFICIENTNET_LITE0
-    weights_path: str | None = None
-    width: int = 48  # scratch width (filters of its first block)
-    trainable_from_block: int = 9  # efficientnet_lite0: blocks below this stay frozen
-    dropout: float = 0.2
-    epochs: int | None = None  # None: the backbone's recipe (RECIPES)
-    batch_size: int = 32  # per replica
-    learning_rate: float | None = None  # None: the backbone's recipe
-    patience: int | None = None  # None: the backbone's recipe
-    warmup_epochs: int | None = None  # None: the backbone's recipe
-    schedule: str | None = None  # None: the backbone's recipe
-    class_weighting: bool | None = None  # None: the backbone's recipe
-    head_warm_start: bool = True  # efficientnet_lite0: fit the head on image_features' embeddings first
-    seed: int = 42
-    augment: bool = True
-    mixed_precision: str = "auto"  # "auto": mixed_float16 on GPUs, float32 on CPU; "off": always float32
-    shuffle_buffer: int = 2048
-    deterministic: bool = True  # same data + config -> same metrics; off trades that for GPU speed
-    # "single": MirroredStrategy in this process; "spark": one Spark barrier task per executor, each a
-    # MultiWorkerMirroredStrategy worker (training/distributed.py); "auto": spark on a cluster deployment.
-    distribution: str = "single"
-
-    @property
-    def model(self) -> ModelConfig:
-        return ModelConfig(backbone=self.backbone, weights_path=self.weights_path, dropout=self.dropout,
-                           width=self.width, trainable_from_block=self.trainable_from_block)
-
-    def resolved(self) -> TrainConfig:
-        """This config with every recipe field filled in from the backbone's recipe."""
-        recipe = RECIPES.get(self.backbone, _APPLICATION_RECIPE)
-        return dataclasses.replace(self, **{
-            field.name: getattr(recipe, field.name)
-            for field in dataclasses.fields(Recipe) if getattr(self, field.name) is None
-        })
-
-    def validate(self) -> None:
-        self.model.validate()
-        resolved = self.resolved()
-        if resolved.warmup_epochs < 0:
-            raise ModelConfigError(f"warmup_epochs must be 0 or more (setting 'warmup_epochs'), got {resolved.warmup_epochs}")
-        for name in ("epochs", "batch_size", "patience", "shuffle_buffer"):
-            if getattr(resolved, name) < 1:
-                raise ModelConfigError(f"{name} must be at least 1 (setting {name!r}), got {getattr(resolved, name)}")
-        if not resolved.learning_rate > 0:
-            raise ModelConfigError(f"learning_rate must be positive (setting 'learning_rate'), got {resolved.learning_rate}")
-        if self.mixed_precision not in ("auto", "off"):
-            raise ModelConfigError(
-                f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ModelConfigError(
-                f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}")
-        if resolved.schedule not in SCHEDULES:
-            raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")
-
-    def fingerprint(self, data_digest: str) -> str:
-        """Identifies one training job: a checkpoint is only resumed by the same config on the same data."""
-        payload = json.dumps({"config": dataclasses.asdict(self.resolved()), "data": data_digest}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+from dgx_assets.training.model import OUTPUT_NAME, build_classifier, embedding_model
 
 
 @dataclasses.dataclass
@@ -175,7 +78,7 @@ def train_classifier(
     index: FeatureIndex | None = None,
 ) -> TrainingResult:
     """Train (or resume training) and evaluate on the test split."""
-    config.validate()
+    config.check()
     config = config.resolved()
     index = index or scan_features(files)
     started = time.monotonic()

@@ -6,7 +6,6 @@ must exist: a run that asked for the searched recipe never silently trains with 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -42,4 +41,4 @@ def apply_best_config(lake: Any, train_config: Any) -> tuple[Any, dict[str, Any]
     missing = [key for key in SEARCHED_FIELDS if key not in values]
     if missing:
         raise ValueError(f"{uri} lacks {missing}: re-materialize hyperparameter_search")
-    return dataclasses.replace(train_config, **{key: values[key] for key in SEARCHED_FIELDS}), record
+    return train_config.model_copy(update={key: values[key] for key in SEARCHED_FIELDS}), record

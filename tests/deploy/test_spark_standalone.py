@@ -241,8 +241,8 @@ def tiny_feature_files(folder: Path):
 
 @pytest.mark.timeout(300)
 def test_standalone_training_workers_each_bind_their_own_gpu(standalone_cluster, tmp_path):
+    from dgx_assets.training.config import TrainConfig
     from dgx_assets.training.distributed import train_on_spark
-    from dgx_assets.training.train import TrainConfig
 
     master_url, _, _ = standalone_cluster
     spark = SparkResource(deployment="standalone", master=master_url, spark_conf={

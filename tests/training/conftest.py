@@ -30,8 +30,8 @@ def feature_files(tmp_path_factory):
     """Two image_features partitions (300 synthetic 48px cells -> 32x32 tensors), as the training input."""
     import pyarrow.fs as pafs
 
+    from dgx_assets.training.config import FeatureConfig
     from dgx_assets.training.dataset import FeatureFiles
-    from dgx_assets.training.features import FeatureConfig
 
     root = tmp_path_factory.mktemp("lake") / "image_features"
     paths = training_data.write_feature_partitions(root, FeatureConfig(image_height=32, image_width=32), rows_per_batch=150)
@@ -40,7 +40,7 @@ def feature_files(tmp_path_factory):
 
 @pytest.fixture
 def small_train_config():
-    from dgx_assets.training.train import TrainConfig
+    from dgx_assets.training.config import TrainConfig
 
     # The small from-scratch CNN: these tests are about the training machinery, not the backbone.
     return TrainConfig(backbone="scratch", width=8, epochs=4, batch_size=16, patience=4)

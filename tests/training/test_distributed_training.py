@@ -4,7 +4,6 @@ Spark's stage retry from the chief's checkpoint."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -42,7 +41,7 @@ def cluster():
 @pytest.fixture
 def separable_config(small_train_config):
     # The synthetic cracks are separable: enough epochs of the small CNN reach >= 95 % on the test split.
-    return dataclasses.replace(small_train_config, epochs=12, patience=12, augment=False)
+    return small_train_config.model_copy(update={"epochs": 12, "patience": 12, "augment": False})
 
 
 def test_shards_are_disjoint_and_cover_every_row(feature_files):
@@ -110,7 +109,7 @@ class _LoseWorkerOnce:
 @pytest.mark.timeout(300)
 def test_a_lost_worker_is_retried_by_spark_and_resumes_from_the_checkpoint(cluster, feature_files, separable_config,
                                                                           tmp_path):
-    config = dataclasses.replace(separable_config, epochs=4, patience=4)
+    config = separable_config.model_copy(update={"epochs": 4, "patience": 4})
     marker = tmp_path / "worker-1-lost"
     result = train_on_spark(cluster, feature_files, config, str(tmp_path / "ckpt"),
                             extra_callbacks=[_LoseWorkerOnce(str(marker))])

@@ -29,9 +29,10 @@ def test_default_config_on_elpv(tmp_path):
     from PIL import Image
 
     from dgx_assets.ingest.images import split_for
+    from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
-    from dgx_assets.training.features import FeatureConfig, compute_features
-    from dgx_assets.training.train import TrainConfig, train_classifier
+    from dgx_assets.training.features import compute_features
+    from dgx_assets.training.train import train_classifier
 
     images, probabilities, _ = load_dataset()
     rows = []

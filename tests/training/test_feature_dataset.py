@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 import training_data
 
+from dgx_assets.training.config import FeatureConfig
 from dgx_assets.training.dataset import (
     FeatureDataError,
     FeatureFiles,
@@ -20,7 +21,7 @@ from dgx_assets.training.dataset import (
     make_dataset,
     scan_features,
 )
-from dgx_assets.training.features import FeatureConfig, compute_features
+from dgx_assets.training.features import compute_features
 
 SHAPE = (32, 32, 1)
 CONFIG = FeatureConfig(image_height=32, image_width=32)

@@ -3,16 +3,15 @@ EfficientNet-Lite0 fine-tuned with the blocks below and every batch normalisatio
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from dgx_assets.backbones import efficientnet_lite
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.dataset import FeatureFiles
-from dgx_assets.training.train import TrainConfig, train_classifier
+from dgx_assets.training.train import train_classifier
 
 FINE_TUNE = TrainConfig(epochs=2, batch_size=16)
 
@@ -68,13 +67,13 @@ def test_embeddings_of_other_weights_are_not_trusted_for_the_head(feature_files,
     stale = _with_embeddings(feature_files, tmp_path, lambda column: pa.array(
         [rng.random(efficientnet_lite.EMBEDDING_SIZE, dtype=np.float32) for _ in range(len(column))],
         pa.list_(pa.float32())))
-    result = train_classifier(stale, dataclasses.replace(FINE_TUNE, epochs=1), str(tmp_path / "ckpt"))
+    result = train_classifier(stale, FINE_TUNE.model_copy(update={"epochs": 1}), str(tmp_path / "ckpt"))
     assert not result.head_warm_start.used and "not this backbone's" in result.head_warm_start.reason
 
 
 def test_features_without_embeddings_train_from_a_fresh_head(feature_files, tmp_path):
     bare = _with_embeddings(feature_files, tmp_path, lambda column: pa.nulls(len(column), pa.list_(pa.float32())))
-    result = train_classifier(bare, dataclasses.replace(FINE_TUNE, epochs=1), str(tmp_path / "ckpt"))
+    result = train_classifier(bare, FINE_TUNE.model_copy(update={"epochs": 1}), str(tmp_path / "ckpt"))
     assert not result.head_warm_start.used and "embedding: none" in result.head_warm_start.reason
 
 
@@ -84,7 +83,7 @@ def test_mlflow_records_which_pretrained_weights_made_the_model(feature_files, t
     from dgx_assets.training.tracking import TrackingConfig, train_and_track
 
     tracking = TrackingConfig(f"sqlite:///{tmp_path}/mlflow.db", "fine_tune_test", "fine_tune_test_model")
-    tracked = train_and_track(feature_files, "file:///lake/image_features", dataclasses.replace(FINE_TUNE, epochs=1),
+    tracked = train_and_track(feature_files, "file:///lake/image_features", FINE_TUNE.model_copy(update={"epochs": 1}),
                               tracking, str(tmp_path / "ckpt"))
     params = MlflowClient(tracking.tracking_uri).get_run(tracked.run_id).data.params
     weights = efficientnet_lite.packaged_weights()

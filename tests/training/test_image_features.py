@@ -13,15 +13,8 @@ import training_data
 from imagefactory import valid_images
 from PIL import Image
 
-from dgx_assets.training.features import (
-    FEATURE_COLUMNS,
-    FeatureConfig,
-    FeatureConfigError,
-    build_image_features,
-    compute_features,
-    plan_row_groups,
-    tensor_from_row,
-)
+from dgx_assets.training.config import FeatureConfig, FeatureConfigError
+from dgx_assets.training.features import FEATURE_COLUMNS, build_image_features, compute_features, plan_row_groups, tensor_from_row
 
 
 def _rows_for(images: dict[str, bytes], batch="b1") -> pd.DataFrame:
@@ -75,7 +68,8 @@ def test_unreadable_valid_row_is_kept_with_its_reason():
 def test_embedding_comes_from_the_configured_model(tmp_path):
     import keras
 
-    from dgx_assets.training.model import ModelConfig, build_classifier, embedding_model
+    from dgx_assets.training.config import ModelConfig
+    from dgx_assets.training.model import build_classifier, embedding_model
 
     classifier = build_classifier(ModelConfig(backbone="scratch", width=8), (32, 32, 1), num_classes=2)
     saved = tmp_path / "classifier.keras"
@@ -119,10 +113,10 @@ def test_default_embedding_is_imagenet_lite0_on_grey_repeated_to_rgb(mode):
 
 def test_bad_feature_settings_name_the_setting():
     with pytest.raises(FeatureConfigError, match="'channels'"):
-        FeatureConfig(channels=2).validate()
+        FeatureConfig(channels=2).check()
     with pytest.raises(FeatureConfigError, match="'image_width'"):
-        FeatureConfig(image_width=4).validate()
-    from dgx_assets.training.model import ModelConfigError
+        FeatureConfig(image_width=4).check()
+    from dgx_assets.training.config import ModelConfigError
 
     rows = _rows_for({"a.png": training_data.png(np.zeros((8, 8), np.uint8))})
     with pytest.raises(ModelConfigError, match="'embedding'"):

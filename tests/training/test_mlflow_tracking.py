@@ -16,18 +16,17 @@ from dgx_assets.tracking.hardware import hardware_baseline
 from dgx_assets.tracking.lineage import DagsterLineage, dataset_digest, describe_files
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS
 from dgx_assets.tracking.store import TrackingConfig, TrackingConfigError
+from dgx_assets.training.config import ModelConfigError, TrainConfig
 from dgx_assets.training.dataset import make_dataset, scan_features
-from dgx_assets.training.model import ModelConfigError
 from dgx_assets.training.outputs import INFO_FILE, MODEL_FILE, MODEL_INFO_KEYS, model_info, write_model_outputs
 from dgx_assets.training.tracking import train_and_track
-from dgx_assets.training.train import TrainConfig
 
 MODEL_NAME = "test_defect_classifier"
 
 
 @pytest.fixture(scope="module")
 def tracked(feature_files, tmp_path_factory):
-    from dgx_assets.training.train import TrainConfig
+    from dgx_assets.training.config import TrainConfig
 
     store = tmp_path_factory.mktemp("mlflow")
     tracking = TrackingConfig(f"sqlite:///{store}/mlflow.db", "dgx_assets_test", MODEL_NAME)

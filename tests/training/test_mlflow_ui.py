@@ -8,8 +8,8 @@ import pytest
 
 from dgx_assets.tracking.lineage import DagsterLineage
 from dgx_assets.tracking.store import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT, TrackingConfig, ensure_experiment
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.tracking import train_and_track
-from dgx_assets.training.train import TrainConfig
 
 MODEL = "ui_defect_classifier"
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 import numpy as np
 import pytest
 
+from dgx_assets.training.config import ModelConfigError, TrainConfig
 from dgx_assets.training.dataset import FeatureDataError, FeatureFiles, make_dataset, scan_features
-from dgx_assets.training.model import ModelConfigError
-from dgx_assets.training.train import TrainConfig, classification_report, train_classifier
+from dgx_assets.training.train import classification_report, train_classifier
 
 
 def test_scan_counts_classes_and_splits_from_small_columns(feature_files):
@@ -38,7 +36,7 @@ def test_dataset_streams_every_row_of_a_split_once(feature_files):
 def test_mixed_tensor_shapes_are_refused(feature_files, tmp_path):
     import training_data
 
-    from dgx_assets.training.features import FeatureConfig
+    from dgx_assets.training.config import FeatureConfig
 
     other = training_data.write_feature_partitions(tmp_path, FeatureConfig(image_height=40, image_width=40), 30, ("b9",))
     mixed = FeatureFiles(feature_files.filesystem, feature_files.paths + (str(other[0]),))
@@ -76,7 +74,7 @@ class _InterruptAfter(keras.callbacks.Callback):
 
 def test_interrupted_training_resumes_from_the_last_finished_epoch(feature_files, small_train_config, tmp_path):
     checkpoints = str(tmp_path / "ckpt")
-    config = dataclasses.replace(small_train_config, epochs=4, patience=4)
+    config = small_train_config.model_copy(update={"epochs": 4, "patience": 4})
     with pytest.raises(_SpotNodeReclaimed):
         train_classifier(feature_files, config, checkpoints, extra_callbacks=[_InterruptAfter(epoch=1)])
 
@@ -98,7 +96,8 @@ def test_bad_training_settings_name_the_setting(feature_files, tmp_path):
 
 
 def test_weights_file_initialises_the_backbone(feature_files, tmp_path):
-    from dgx_assets.training.model import ModelConfig, build_backbone
+    from dgx_assets.training.config import ModelConfig
+    from dgx_assets.training.model import build_backbone
 
     donor = build_backbone(ModelConfig(backbone="scratch", width=8), (32, 32, 1))
     donor.set_weights([w + 0.5 for w in donor.get_weights()])

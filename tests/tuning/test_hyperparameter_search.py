@@ -3,7 +3,6 @@ recipe taken by trained_model's config. Skipped only where Ray is not installed 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 pytest.importorskip("ray", reason="the `ray` extra is not installed")
 
 from dgx_assets.lake import Lake
-from dgx_assets.training.train import TrainConfig
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.tuning.best_config import SEARCHED_FIELDS, apply_best_config
 
 HERE = Path(__file__).parent
@@ -72,7 +71,7 @@ def test_a_tiny_search_on_ray_on_spark_is_tracked_and_feeds_trained_model(tmp_pa
     searched, record = apply_best_config(store, TrainConfig())
     assert record["mlflow_run_id"] == parent.info.run_id
     assert {k: getattr(searched, k) for k in SEARCHED_FIELDS} == record["hyperparameters"]
-    assert dataclasses.replace(searched, **{k: getattr(TrainConfig(), k) for k in SEARCHED_FIELDS}) == TrainConfig()
+    assert searched.model_copy(update={k: getattr(TrainConfig(), k) for k in SEARCHED_FIELDS}) == TrainConfig()
     assert record["hyperparameters"]["learning_rate"] == float(parent.data.params["best_learning_rate"])
 
 

