@@ -27,16 +27,18 @@ demo: $(VENV)/.installed
 	mkdir -p .dgx
 	$(VENV)/bin/dgx-assets demo
 
+# Both tiers: tests/unit, then tests/integration (real Spark, Dagster, MLflow, servers, subprocesses).
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration $(PYTEST_ARGS)
 
-# The fast tier: tests marked `unit` (no JVM, no servers, no subprocesses); tests/conftest.py marks the rest `integration`.
+# The fast tier: no JVM, no servers, no subprocesses.
 test-unit: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/browser -m "unit and not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 # ruff with the settings in pyproject.toml ([tool.ruff]); .pre-commit-config.yaml runs the same before a commit.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # A real browser on the real UIs: Debian's chromium (installed here if missing) driven by Playwright walks the
 # asset graph, an asset page, MLflow, the quality report and the GE data docs; screenshots in .dgx/screenshots/.

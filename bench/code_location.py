@@ -40,7 +40,11 @@ def import_seconds(module: str) -> dict:
     """Import `module` in a fresh interpreter; seconds measured inside it, heavy modules it pulled in."""
     out = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE.format(module=module)],
-        capture_output=True, text=True, cwd=REPO, check=True, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+        timeout=300,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -49,14 +53,18 @@ def import_breakdown(limit: int = 12) -> list[dict]:
     """Top-level packages definitions imports beyond dagster's own, by cumulative import time (-X importtime)."""
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import dagster; import dgx_assets.definitions"],
-        capture_output=True, text=True, cwd=REPO, check=True, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+        timeout=300,
     )
     lines = [line for line in out.stderr.splitlines() if line.startswith("import time:") and "|" in line]
     # Everything after dagster's own line was imported for definitions, on top of dagster.
     dagster_end = max(i for i, line in enumerate(lines) if line.rstrip().endswith("| dagster"))
     extra = []
-    for line in lines[dagster_end + 1:]:
-        _, cumulative, name = (part.strip() for part in line[len("import time:"):].split("|"))
+    for line in lines[dagster_end + 1 :]:
+        _, cumulative, name = (part.strip() for part in line[len("import time:") :].split("|"))
         if not name.startswith(" ") and "." not in name.strip():
             extra.append({"module": name.strip(), "cumulative_ms": round(int(cumulative) / 1000, 1)})
     extra.sort(key=lambda item: -item["cumulative_ms"])
@@ -156,15 +164,19 @@ def bench_sensor(report: Report, repeats: int, files: int, batches: int) -> None
     scanned = scan_landing(str(landing))
     found = sum(len(v) for v in walked.values())
     check(found == files, f"the walk found {found} files, wrote {files}")
-    check({name: len(v) for name, v in walked.items()} == {name: s.files for name, s in scanned.items()},
-          "the sensor's per-batch file counts differ from the os.scandir walk")
+    check(
+        {name: len(v) for name, v in walked.items()} == {name: s.files for name, s in scanned.items()},
+        "the sensor's per-batch file counts differ from the os.scandir walk",
+    )
 
     with dg.instance_for_test() as instance:
         first = sensor_tick(instance, lake_resource, None)
         check(not first.run_requests, "a first look must wait for batches to settle, not request runs")
         ready = sensor_tick(instance, lake_resource, first.cursor)
-        check(sorted(r.partition_key for r in ready.run_requests) == sorted(walked),
-              f"the second tick requested {len(ready.run_requests)} runs for {len(walked)} settled batches")
+        check(
+            sorted(r.partition_key for r in ready.run_requests) == sorted(walked),
+            f"the second tick requested {len(ready.run_requests)} runs for {len(walked)} settled batches",
+        )
         idle_cursor = ready.cursor
         idle = sensor_tick(instance, lake_resource, idle_cursor)
         check(not idle.run_requests, "a tick with nothing new requested runs")

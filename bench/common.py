@@ -189,8 +189,15 @@ def cpu_seconds_by_kind() -> dict[str, float]:
         fields = stat.rsplit(")", 1)[1].split()
         seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
         exe = executable(pid)
-        kind = "this process" if pid == me else "JVM" if exe.startswith("java") else \
-            "Python children" if exe.startswith("python") else "other"
+        kind = (
+            "this process"
+            if pid == me
+            else "JVM"
+            if exe.startswith("java")
+            else "Python children"
+            if exe.startswith("python")
+            else "other"
+        )
         totals[kind] = totals.get(kind, 0.0) + seconds
     return totals
 
@@ -292,8 +299,13 @@ def parser(description: str | None) -> argparse.ArgumentParser:
     return cli
 
 
-def main(name: str, run: Callable[[Report, argparse.Namespace], None], description: str | None,
-         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None, argv: list[str] | None = None) -> int:
+def main(
+    name: str,
+    run: Callable[[Report, argparse.Namespace], None],
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: list[str] | None = None,
+) -> int:
     """Parse the flags, run the benchmark, print the RESULT lines and write the JSON. Exit code 0 unless it broke."""
     cli = parser(description)
     if add_arguments:

@@ -93,15 +93,25 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
     for name, content, label in source_images(limit):
         verdict = images.inspect_image(content, name)
         digest = images.sha256_hex(content)
-        rows.append({"path": f"file:/landing/bench/{label}/{name}", "batch": "bench", "label": label,
-                     "sha256": digest, **verdict.as_dict(), "split": images.split_for(digest),
-                     "content": content if verdict.status == images.VALID else None})
+        rows.append(
+            {
+                "path": f"file:/landing/bench/{label}/{name}",
+                "batch": "bench",
+                "label": label,
+                "sha256": digest,
+                **verdict.as_dict(),
+                "split": images.split_for(digest),
+                "content": content if verdict.status == images.VALID else None,
+            }
+        )
     raw = pd.DataFrame(rows)
-    pq.write_table(pa.Table.from_pandas(raw.drop(columns=["batch"], errors="ignore"), preserve_index=False),
-                   raw_dir / "part-00000.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(raw.drop(columns=["batch"], errors="ignore"), preserve_index=False), raw_dir / "part-00000.parquet"
+    )
     valid = raw[raw["status"] == images.VALID]
-    seconds, features = timed(lambda: pd.concat(
-        [compute_features(valid.iloc[i:i + 64], FeatureConfig()) for i in range(0, len(valid), 64)]))
+    seconds, features = timed(
+        lambda: pd.concat([compute_features(valid.iloc[i : i + 64], FeatureConfig()) for i in range(0, len(valid), 64)])
+    )
     feature_file = features_dir / "part-00000.parquet"
     pq.write_table(pa.Table.from_pandas(features.drop(columns=["batch"], errors="ignore"), preserve_index=False), feature_file)
     print(f"  {len(valid)} valid images, features in {seconds:.0f}s")
@@ -114,15 +124,26 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
     model_dir = root / "trained_model"
     model_dir.mkdir()
     result.model.save(model_dir / "model.keras")
-    info = {"class_names": result.class_names, "input_shape": result.input_shape, "mlflow_run_id": None,
-            "registered_model_name": "bench", "model_version": None, "feature_files": [str(feature_file)],
-            "test_metrics": result.test.metrics}
+    info = {
+        "class_names": result.class_names,
+        "input_shape": result.input_shape,
+        "mlflow_run_id": None,
+        "registered_model_name": "bench",
+        "model_version": None,
+        "feature_files": [str(feature_file)],
+        "test_metrics": result.test.metrics,
+    }
     (model_dir / "model_info.json").write_text(json.dumps(info, indent=2, default=float))
     head = result.head_warm_start
-    return {"images": len(raw), "valid": len(valid), "backbone": config.backbone, "epochs_run": len(result.epochs),
-            "head_warm_start": head.reason if head and head.used else f"not used: {head.reason if head else '-'}",
-            "training_s": round(seconds, 1),
-            "keras_test_accuracy_at_training": result.test.metrics["accuracy"]}
+    return {
+        "images": len(raw),
+        "valid": len(valid),
+        "backbone": config.backbone,
+        "epochs_run": len(result.epochs),
+        "head_warm_start": head.reason if head and head.used else f"not used: {head.reason if head else '-'}",
+        "training_s": round(seconds, 1),
+        "keras_test_accuracy_at_training": result.test.metrics["accuracy"],
+    }
 
 
 def median_latency_ms(call, inputs: np.ndarray) -> float:
@@ -152,27 +173,36 @@ def like_for_like(model, edge_model: bytes, data, threads: int | None, count: in
     raw = data.test_raw[:count]
     features = data.test_features[:count]
     with_resize = tf.function(
-        lambda x: model(tf.image.resize(tf.cast(x, tf.float32), (height, width), method="bilinear", antialias=True),
-                        training=False),
-        input_signature=[tf.TensorSpec([1, *raw.shape[1:]], tf.uint8)])
+        lambda x: model(
+            tf.image.resize(tf.cast(x, tf.float32), (height, width), method="bilinear", antialias=True), training=False
+        ),
+        input_signature=[tf.TensorSpec([1, *raw.shape[1:]], tf.uint8)],
+    )
     keras_with_resize = median_latency_ms(lambda x: with_resize(x).numpy(), raw)
     config = convert.EdgeConversionConfig(raw_height=height, raw_width=width, quantization="int8")
     calibration = [np.asarray(image) for image in data.test_features[:50]]
     no_resize = convert.convert_to_tflite(model, config, calibration)
     tflite_no_resize = float(np.median(parity.tflite_predict(no_resize, features, num_threads=threads).latencies_s) * 1000)
-    single = tf.function(lambda x: model(x, training=False),
-                         input_signature=[tf.TensorSpec([1, height, width, channels], tf.float32)])
+    single = tf.function(
+        lambda x: model(x, training=False), input_signature=[tf.TensorSpec([1, height, width, channels], tf.float32)]
+    )
     keras_no_resize = median_latency_ms(lambda x: single(x).numpy(), features.astype(np.float32))
     tflite_with_resize = float(np.median(parity.tflite_predict(edge_model, raw, num_threads=threads).latencies_s) * 1000)
     # TFLite's own RESIZE_BILINEAR (resize_method="bilinear": no antialiasing, so not the parity default).
-    builtin = convert.convert_to_tflite(model, convert.EdgeConversionConfig(
-        raw_height=raw.shape[1], raw_width=raw.shape[2], quantization="int8", resize_method="bilinear"),
-        [np.asarray(image) for image in data.representative[:50]])
+    builtin = convert.convert_to_tflite(
+        model,
+        convert.EdgeConversionConfig(
+            raw_height=raw.shape[1], raw_width=raw.shape[2], quantization="int8", resize_method="bilinear"
+        ),
+        [np.asarray(image) for image in data.representative[:50]],
+    )
     tflite_builtin_resize = float(np.median(parity.tflite_predict(builtin, raw, num_threads=threads).latencies_s) * 1000)
     out = {
         "tflite_builtin_bilinear_resize_ms": round(tflite_builtin_resize, 3),
-        "keras_model_input_ms": round(keras_no_resize, 3), "tflite_model_input_ms": round(tflite_no_resize, 3),
-        "keras_with_resize_ms": round(keras_with_resize, 3), "tflite_with_resize_ms": round(tflite_with_resize, 3),
+        "keras_model_input_ms": round(keras_no_resize, 3),
+        "tflite_model_input_ms": round(tflite_no_resize, 3),
+        "keras_with_resize_ms": round(keras_with_resize, 3),
+        "tflite_with_resize_ms": round(tflite_with_resize, 3),
         "ratio_model_input": round(tflite_no_resize / keras_no_resize, 3),
         "ratio_with_resize": round(tflite_with_resize / keras_with_resize, 3),
     }
@@ -193,9 +223,16 @@ def run(report: Report, args) -> None:
         root = work_dir(NAME) / "lake"
         report.params.update(images_limit=limit, epochs=epochs, source="elpv" if elpv_available() else "synthetic")
         # Trained in a process of its own, with all cores: this one runs TensorFlow on `--threads` only.
-        out = subprocess.run([sys.executable, "-m", "bench.edge", "--build-lake", str(root), "--epochs", str(epochs)]
-                             + (["--images", str(limit)] if limit else []), check=False, capture_output=True, text=True,
-                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=3600)
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.edge", "--build-lake", str(root), "--epochs", str(epochs)]
+            + (["--images", str(limit)] if limit else []),
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            timeout=3600,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"building the lake failed:\n{out.stderr[-3000:]}")
         print("\n".join(line for line in out.stdout.splitlines()[:-1] if line.startswith("  ")))
@@ -212,18 +249,25 @@ def run(report: Report, args) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
     lake = Lake(str(root))
-    settings = EdgeModelConfig(num_threads=threads or None, max_test_images=0,
-                                 representative_samples=50 if args.quick else 200,
-                                 latency_images=30 if args.quick else 100)
+    settings = EdgeModelConfig(
+        num_threads=threads or None,
+        max_test_images=0,
+        representative_samples=50 if args.quick else 200,
+        latency_images=30 if args.quick else 100,
+    )
     report.params.update(num_threads=threads or "runtime defaults", quantization=settings.quantization)
 
     seconds, result = timed(lambda: build_edge_model(lake, settings, tracking_uri=None))
     first = result.report
     report.figure("build_edge_model_s", round(seconds, 1))
-    check(first.images == len(result.data.test_raw) == len(result.data.test_features),
-          "TFLite and Keras must see the same test images")
-    print(f"edge model built in {seconds:.0f}s: {first.images} test images, agreement {first.top1_agreement:.2%}, "
-          f"Keras {first.keras_accuracy:.2%} / TFLite {first.tflite_accuracy:.2%}")
+    check(
+        first.images == len(result.data.test_raw) == len(result.data.test_features),
+        "TFLite and Keras must see the same test images",
+    )
+    print(
+        f"edge model built in {seconds:.0f}s: {first.images} test images, agreement {first.top1_agreement:.2%}, "
+        f"Keras {first.keras_accuracy:.2%} / TFLite {first.tflite_accuracy:.2%}"
+    )
 
     # Latency again, `repeats` times, on the same images (the first measurement is the build's own).
     tflite_model = (root / "edge_model" / "model.tflite").read_bytes()
@@ -233,19 +277,26 @@ def run(report: Report, args) -> None:
         # the same model saved without it says what the int8 model saves on the network alone.
         weights_only = Path(tmp) / "without_optimizer.keras"
         trained.model.save(weights_only)  # loaded with compile=False: no optimizer to save
-        report.figure("size_ratio_to_keras_without_optimizer",
-                      round(first.tflite_size_bytes / weights_only.stat().st_size, 4))
+        report.figure("size_ratio_to_keras_without_optimizer", round(first.tflite_size_bytes / weights_only.stat().st_size, 4))
         reports = [first]
         # Batch-of-one latency swings with the neighbours' load on a shared machine: at least 5 runs.
         for _ in range((args.repeats if args.quick else max(args.repeats, 5)) - 1):
             again, _, _ = parity.measure_parity(
-                tflite_model, trained.model, raw_images=result.data.test_raw, keras_inputs=result.data.test_features,
-                labels=result.data.test_labels, keras_size_bytes=trained.size_bytes,
-                quantization=settings.quantization, latency_images=settings.latency_images, num_threads=threads or None)
+                tflite_model,
+                trained.model,
+                raw_images=result.data.test_raw,
+                keras_inputs=result.data.test_features,
+                labels=result.data.test_labels,
+                keras_size_bytes=trained.size_bytes,
+                quantization=settings.quantization,
+                latency_images=settings.latency_images,
+                num_threads=threads or None,
+            )
             check(again.tflite_accuracy == first.tflite_accuracy, "the TFLite model changed its answers between runs")
             reports.append(again)
-        report.figure("like_for_like", like_for_like(trained.model, tflite_model, result.data, threads or None,
-                                                         settings.latency_images))
+        report.figure(
+            "like_for_like", like_for_like(trained.model, tflite_model, result.data, threads or None, settings.latency_images)
+        )
     keras_ms = Timing([r.keras_latency_ms / 1000 for r in reports])
     tflite_ms = Timing([r.tflite_latency_ms / 1000 for r in reports])
     latency_ratio = float(np.median([r.latency_ratio for r in reports]))
@@ -254,10 +305,14 @@ def run(report: Report, args) -> None:
     report.figure("keras_latency_per_image", keras_ms.to_dict())
     report.figure("tflite_latency_per_image", tflite_ms.to_dict())
     report.figure("latency_ratio_runs", [round(r.latency_ratio, 3) for r in reports])
-    print(f"size: .keras {first.keras_size_bytes:,} B, .tflite {first.tflite_size_bytes:,} B "
-          f"({report.figures['size_ratio_to_keras_without_optimizer']} of the .keras saved without its optimizer)")
-    print(f"latency per image (median of {settings.latency_images}, {len(reports)} runs): "
-          f"Keras {keras_ms.median * 1000:.2f} ms, TFLite {tflite_ms.median * 1000:.2f} ms")
+    print(
+        f"size: .keras {first.keras_size_bytes:,} B, .tflite {first.tflite_size_bytes:,} B "
+        f"({report.figures['size_ratio_to_keras_without_optimizer']} of the .keras saved without its optimizer)"
+    )
+    print(
+        f"latency per image (median of {settings.latency_images}, {len(reports)} runs): "
+        f"Keras {keras_ms.median * 1000:.2f} ms, TFLite {tflite_ms.median * 1000:.2f} ms"
+    )
     report.result("edge_size_ratio", first.size_ratio, "<=", 0.3)
     report.result("edge_latency_ratio", latency_ratio, "<=", 0.5)
     report.result("edge_accuracy_difference_points", accuracy_points, "<=", 1.0)
@@ -266,13 +321,17 @@ def run(report: Report, args) -> None:
 
 def add_arguments(cli) -> None:
     cli.add_argument("--lake", default=None, help="measure an existing lake (trained_model, raw_images, image_features)")
-    cli.add_argument("--images", type=int, default=None,
-                     help=f"ELPV images to use (default the first {IMAGES:,}; quick {QUICK_IMAGES})")
-    cli.add_argument("--epochs", type=int, default=None,
-                     help=f"fine-tuning epochs (default {EPOCHS}; quick {QUICK_EPOCHS})")
-    cli.add_argument("--threads", type=int, default=1,
-                     help="CPU threads for both TFLite and TensorFlow (default 1: one core each, as on a small edge "
-                          "device, and steady on a shared machine; 0: each runtime's default)")
+    cli.add_argument(
+        "--images", type=int, default=None, help=f"ELPV images to use (default the first {IMAGES:,}; quick {QUICK_IMAGES})"
+    )
+    cli.add_argument("--epochs", type=int, default=None, help=f"fine-tuning epochs (default {EPOCHS}; quick {QUICK_EPOCHS})")
+    cli.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for both TFLite and TensorFlow (default 1: one core each, as on a small edge "
+        "device, and steady on a shared machine; 0: each runtime's default)",
+    )
     cli.add_argument("--build-lake", default=None, help=argparse.SUPPRESS)
 
 

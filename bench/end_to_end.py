@@ -103,11 +103,15 @@ def event_breakdown(dagster_home: Path) -> dict:
                     resources[key] += at - open_inits.pop(key)
             if run.status != dg.DagsterRunStatus.SUCCESS and not (held and step_errors == 0 and ended_at):
                 failures.append(f"run {run.run_id} ({run.status.value})")
-            runs.append({"run_id": run.run_id, "partition": run.tags.get("dagster/partition"),
-                         "status": run.status.value,
-                         "wall_s": round(ended_at - started_at, 2) if started_at and ended_at else None})
-    return {"steps": dict(steps), "resource_init": dict(resources), "runs": runs, "failures": failures,
-            "quality_gates": gates}
+            runs.append(
+                {
+                    "run_id": run.run_id,
+                    "partition": run.tags.get("dagster/partition"),
+                    "status": run.status.value,
+                    "wall_s": round(ended_at - started_at, 2) if started_at and ended_at else None,
+                }
+            )
+    return {"steps": dict(steps), "resource_init": dict(resources), "runs": runs, "failures": failures, "quality_gates": gates}
 
 
 def run(report: Report, args) -> None:
@@ -124,8 +128,15 @@ def run(report: Report, args) -> None:
     shutil.copytree(cached_quick_generator(), state / "ernie_generator")
 
     env = dict(os.environ, DGX_STATE_DIR=str(state), DAGSTER_HOME=str(dagster_home))
-    for variable in ("DGX_LAKE_ROOT", "DGX_LANDING_URI", "DGX_PROMPTS_URI", "MLFLOW_TRACKING_URI",
-                     "DGX_ERNIE_ENDPOINTS", "DGX_DEPLOYMENT", "DGX_SPARK_MASTER"):
+    for variable in (
+        "DGX_LAKE_ROOT",
+        "DGX_LANDING_URI",
+        "DGX_PROMPTS_URI",
+        "MLFLOW_TRACKING_URI",
+        "DGX_ERNIE_ENDPOINTS",
+        "DGX_DEPLOYMENT",
+        "DGX_SPARK_MASTER",
+    ):
         env.pop(variable, None)
     sizing = (["--limit", str(limit)] if limit else []) + ["--batches", str(batches)]
     report.params.update(images=limit or "all ELPV", batches=batches)
@@ -145,8 +156,9 @@ def run(report: Report, args) -> None:
     check(breakdown["runs"] and not breakdown["failures"], f"the demo's runs failed: {breakdown['failures']}")
     report.figure("quality_gates_that_held_back", breakdown["quality_gates"])
     if breakdown["quality_gates"]:
-        report.note(f"blocking checks held back what follows them (the demo reports this and exits 0): "
-                    f"{breakdown['quality_gates']}")
+        report.note(
+            f"blocking checks held back what follows them (the demo reports this and exits 0): {breakdown['quality_gates']}"
+        )
     work = sum(breakdown["steps"].values())
     start_ups = sum(breakdown["resource_init"].values())
     in_runs = sum(r["wall_s"] or 0 for r in breakdown["runs"])
@@ -157,17 +169,21 @@ def run(report: Report, args) -> None:
     report.figure("make_demo_equivalent_s", round(seed_s + demo_s, 1))
     report.figure("step_work_s", per_asset)
     report.figure("resource_init_s", {k: round(v, 1) for k, v in breakdown["resource_init"].items() if v >= 0.05})
-    report.figure("orchestration_s", {
-        "total": round(overhead, 1),
-        "inside_runs": round(in_runs - work - start_ups, 1),  # run/step bookkeeping, events, IO managers
-        "outside_runs": round(demo_s - in_runs, 1),  # interpreter, imports, definitions, demo driver, run creation
-    })
+    report.figure(
+        "orchestration_s",
+        {
+            "total": round(overhead, 1),
+            "inside_runs": round(in_runs - work - start_ups, 1),  # run/step bookkeeping, events, IO managers
+            "outside_runs": round(demo_s - in_runs, 1),  # interpreter, imports, definitions, demo driver, run creation
+        },
+    )
     report.figure("orchestration_share_counting_resource_init", round((overhead + start_ups) / demo_s, 4))
     print("work per step: " + ", ".join(f"{k} {v}s" for k, v in per_asset.items()))
-    print(f"resource start-up (SparkSession etc.): {start_ups:.1f}s; runs: {len(breakdown['runs'])}, "
-          f"{in_runs:.1f}s inside them")
-    print(f"orchestration: {overhead:.1f}s of {demo_s:.1f}s ({overhead / demo_s:.1%}): "
-          f"{in_runs - work - start_ups:.1f}s inside runs, {demo_s - in_runs:.1f}s outside them")
+    print(f"resource start-up (SparkSession etc.): {start_ups:.1f}s; runs: {len(breakdown['runs'])}, {in_runs:.1f}s inside them")
+    print(
+        f"orchestration: {overhead:.1f}s of {demo_s:.1f}s ({overhead / demo_s:.1%}): "
+        f"{in_runs - work - start_ups:.1f}s inside runs, {demo_s - in_runs:.1f}s outside them"
+    )
     report.result("end_to_end_orchestration_share", overhead / demo_s, "<=", 0.15)
 
 

@@ -131,16 +131,20 @@ def tf_data_features(raw_dir: Path, out_dir: Path, config, embed) -> Path:
         stats.append(batch_stats.numpy())
     stats = np.concatenate(stats).astype(np.float64)
     vectors = np.concatenate(vectors)
-    embedding = pa.ListArray.from_arrays(pa.array(np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32)),
-                                         pa.array(vectors.reshape(-1)))
-    out = table.drop(["content", "width", "height"]).append_column("source_width", table.column("width")) \
-        .append_column("source_height", table.column("height")) \
-        .append_column("tensor", pa.array(tensors, pa.binary())) \
-        .append_column("tensor_shape", pa.array([list(config.tensor_shape)] * len(tensors), pa.list_(pa.int32()))) \
-        .append_column("brightness", pa.array(stats[:, 0])) \
-        .append_column("contrast", pa.array(stats[:, 1])) \
-        .append_column("sharpness", pa.array(stats[:, 2])) \
+    embedding = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32)), pa.array(vectors.reshape(-1))
+    )
+    out = (
+        table.drop(["content", "width", "height"])
+        .append_column("source_width", table.column("width"))
+        .append_column("source_height", table.column("height"))
+        .append_column("tensor", pa.array(tensors, pa.binary()))
+        .append_column("tensor_shape", pa.array([list(config.tensor_shape)] * len(tensors), pa.list_(pa.int32())))
+        .append_column("brightness", pa.array(stats[:, 0]))
+        .append_column("contrast", pa.array(stats[:, 1]))
+        .append_column("sharpness", pa.array(stats[:, 2]))
         .append_column("embedding", embedding)
+    )
     staging = out_dir.with_name(f".staging-{uuid.uuid4().hex[:8]}")
     staging.mkdir(parents=True)
     pq.write_table(out, staging / "part-00000.zstd.parquet", compression="zstd")
@@ -192,10 +196,12 @@ def predict_batch_udf_features(spark, raw_uri: str, output_uri: str, config, udf
     plain = config.model_copy(update={"embedding": NO_EMBEDDING})
     groups = features.plan_row_groups(raw_uri)
     chunks = pack(groups, lambda group: group.bytes, features.TASK_BYTES, 2 * spark.sparkContext.defaultParallelism)
-    frame = map_chunks(spark, chunks, functools.partial(features.features_of_row_groups, raw_uri=raw_uri, config=plain),
-                       features.FEATURE_SCHEMA)
-    frame.withColumn("embedding", udf("tensor")).write.mode("overwrite") \
-        .options(**image_table_options("tensor")).parquet(output_uri)
+    frame = map_chunks(
+        spark, chunks, functools.partial(features.features_of_row_groups, raw_uri=raw_uri, config=plain), features.FEATURE_SCHEMA
+    )
+    frame.withColumn("embedding", udf("tensor")).write.mode("overwrite").options(**image_table_options("tensor")).parquet(
+        output_uri
+    )
 
 
 # --- comparing ---------------------------------------------------------------------------------------------
@@ -205,13 +211,18 @@ def read_features(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.nd
     import pyarrow.dataset as ds
 
     table = ds.dataset(str(folder), format="parquet").to_table(
-        columns=["path", "tensor", "brightness", "contrast", "sharpness", "embedding"])
+        columns=["path", "tensor", "brightness", "contrast", "sharpness", "embedding"]
+    )
     rows = table.to_pydict()
     return {
-        path: (np.frombuffer(tensor, np.uint8), np.array([b, c, s]),
-               None if embedding is None else np.asarray(embedding, np.float32))
-        for path, tensor, b, c, s, embedding in zip(rows["path"], rows["tensor"], rows["brightness"],
-                                                    rows["contrast"], rows["sharpness"], rows["embedding"])
+        path: (
+            np.frombuffer(tensor, np.uint8),
+            np.array([b, c, s]),
+            None if embedding is None else np.asarray(embedding, np.float32),
+        )
+        for path, tensor, b, c, s, embedding in zip(
+            rows["path"], rows["tensor"], rows["brightness"], rows["contrast"], rows["sharpness"], rows["embedding"]
+        )
     }
 
 
@@ -229,8 +240,10 @@ def compare_outputs(project: Path, other: Path, expected: int, name: str) -> dic
         total += difference.size
         worst_stat = max(worst_stat, float(np.max(np.abs(stats - other_stats))))
         check(embedding is not None and other_embedding is not None, f"{path}: no embedding in {name} or the project")
-        check(embedding.shape == other_embedding.shape == (1280,), f"{path}: embedding sizes {embedding.shape} vs "
-              f"{other_embedding.shape}")
+        check(
+            embedding.shape == other_embedding.shape == (1280,),
+            f"{path}: embedding sizes {embedding.shape} vs {other_embedding.shape}",
+        )
         worst_embedding = max(worst_embedding, float(np.max(np.abs(embedding - other_embedding)) / np.abs(embedding).max()))
         cosine = float(embedding @ other_embedding / (np.linalg.norm(embedding) * np.linalg.norm(other_embedding)))
         lowest_cosine = min(lowest_cosine, cosine)
@@ -238,12 +251,18 @@ def compare_outputs(project: Path, other: Path, expected: int, name: str) -> dic
     check(worst_stat <= 1e-3, f"{name}: statistics differ by up to {worst_stat:.2g} (allowed 1e-3)")
     check(lowest_cosine >= 0.999, f"{name}: embedding cosine similarity down to {lowest_cosine:.5f} (allowed 0.999)")
     check(worst_embedding <= 0.02, f"{name}: embeddings differ by up to {worst_embedding:.2%} of their largest value")
-    print(f"  {name}: same {len(ours)} images; pixels off by one level: {off_pixels / total:.4%}; stats within "
-          f"{worst_stat:.1g}; embeddings: cosine >= {lowest_cosine:.6f}, largest difference {worst_embedding:.2e} "
-          "of the largest value")
-    return {"max_pixel_difference": worst_pixel, "share_of_pixels_off_by_one": off_pixels / total,
-            "max_statistic_difference": worst_stat, "min_embedding_cosine": lowest_cosine,
-            "max_embedding_difference_relative": worst_embedding}
+    print(
+        f"  {name}: same {len(ours)} images; pixels off by one level: {off_pixels / total:.4%}; stats within "
+        f"{worst_stat:.1g}; embeddings: cosine >= {lowest_cosine:.6f}, largest difference {worst_embedding:.2e} "
+        "of the largest value"
+    )
+    return {
+        "max_pixel_difference": worst_pixel,
+        "share_of_pixels_off_by_one": off_pixels / total,
+        "max_statistic_difference": worst_stat,
+        "min_embedding_cosine": lowest_cosine,
+        "max_embedding_difference_relative": worst_embedding,
+    }
 
 
 def run(report: Report, args) -> None:
@@ -255,8 +274,9 @@ def run(report: Report, args) -> None:
     count = args.images or (24 if args.quick else 600)
     config = FeatureConfig()
     check(config.embeds, f"the default FeatureConfig computes no embedding ({config.embedding!r})")
-    report.params.update(images=count, tensor_shape=list(config.tensor_shape), batch_rows=config.batch_rows,
-                         embedding=config.embedding)
+    report.params.update(
+        images=count, tensor_shape=list(config.tensor_shape), batch_rows=config.batch_rows, embedding=config.embedding
+    )
     folder = work_dir(NAME)
     seconds, spark = timed(spark_session)
     report.figure("spark_session_start_s", round(seconds, 2))
@@ -291,8 +311,10 @@ def run(report: Report, args) -> None:
     for side, fn in sides.items():  # untimed: outputs to compare, and every worker warm for both Spark sides
         seconds, _ = timed(fn)
         print(f"  untimed first full run, {side}: {seconds:.1f}s")
-    report.figure("agreement", {name: compare_outputs(outputs["project"], outputs[name], valid, name)
-                                for name in ("tf_data", "predict_batch_udf")})
+    report.figure(
+        "agreement",
+        {name: compare_outputs(outputs["project"], outputs[name], valid, name) for name in ("tf_data", "predict_batch_udf")},
+    )
     timings = interleaved(sides, args.repeats)
     ours = timings["project"]
     for side in sides:

@@ -50,9 +50,25 @@ def baseline_chunk(paths: list[str], out_file: str) -> int:
     import pyarrow.parquet as pq
     from PIL import Image
 
-    columns: dict[str, list] = {name: [] for name in (
-        "path", "label", "size_bytes", "modified_at", "sha256", "format", "width", "height", "mode", "status",
-        "reason", "split", "content", "ingested_at")}
+    columns: dict[str, list] = {
+        name: []
+        for name in (
+            "path",
+            "label",
+            "size_bytes",
+            "modified_at",
+            "sha256",
+            "format",
+            "width",
+            "height",
+            "mode",
+            "status",
+            "reason",
+            "split",
+            "content",
+            "ingested_at",
+        )
+    }
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     for path in paths:
         stat = os.stat(path)
@@ -68,19 +84,41 @@ def baseline_chunk(paths: list[str], out_file: str) -> int:
             status, reason = "decode_error", str(error)
         digest = hashlib.sha256(data).hexdigest()
         values = {
-            "path": "file:" + path, "label": os.path.basename(os.path.dirname(path)), "size_bytes": len(data),
-            "modified_at": dt.datetime.fromtimestamp(stat.st_mtime), "sha256": digest, "format": fmt,
-            "width": width, "height": height, "mode": mode, "status": status, "reason": reason,
-            "split": _split(digest), "content": data if status == "valid" else None, "ingested_at": now,
+            "path": "file:" + path,
+            "label": os.path.basename(os.path.dirname(path)),
+            "size_bytes": len(data),
+            "modified_at": dt.datetime.fromtimestamp(stat.st_mtime),
+            "sha256": digest,
+            "format": fmt,
+            "width": width,
+            "height": height,
+            "mode": mode,
+            "status": status,
+            "reason": reason,
+            "split": _split(digest),
+            "content": data if status == "valid" else None,
+            "ingested_at": now,
         }
         for name, value in values.items():
             columns[name].append(value)
-    schema = pa.schema([
-        ("path", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()), ("modified_at", pa.timestamp("us")),
-        ("sha256", pa.string()), ("format", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-        ("mode", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()),
-        ("content", pa.binary()), ("ingested_at", pa.timestamp("us")),
-    ])
+    schema = pa.schema(
+        [
+            ("path", pa.string()),
+            ("label", pa.string()),
+            ("size_bytes", pa.int64()),
+            ("modified_at", pa.timestamp("us")),
+            ("sha256", pa.string()),
+            ("format", pa.string()),
+            ("width", pa.int32()),
+            ("height", pa.int32()),
+            ("mode", pa.string()),
+            ("status", pa.string()),
+            ("reason", pa.string()),
+            ("split", pa.string()),
+            ("content", pa.binary()),
+            ("ingested_at", pa.timestamp("us")),
+        ]
+    )
     pq.write_table(pa.table(columns, schema=schema), out_file, compression="zstd")
     return len(paths)
 
@@ -148,7 +186,10 @@ class Project:
         self.instance.add_dynamic_partitions("image_batches", [batch])
         lake = self.lake_resource(root=str(self.lake_root), landing=str(landing))
         result = self.dg.materialize(
-            [raw_images], partition_key=batch, instance=self.instance, resources={"spark": self.spark, "lake": lake},
+            [raw_images],
+            partition_key=batch,
+            instance=self.instance,
+            resources={"spark": self.spark, "lake": lake},
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
         check(result.success, f"raw_images failed for {batch}")
@@ -173,8 +214,10 @@ def read_rows(folder: Path) -> dict[str, tuple]:
     for row in table.to_pylist():
         content = row.pop("content")
         if row["status"] == "valid":
-            check(content is not None and hashlib.sha256(content).hexdigest() == row["sha256"],
-                  f"{row['path']}: the stored bytes do not hash to the row's sha256")
+            check(
+                content is not None and hashlib.sha256(content).hexdigest() == row["sha256"],
+                f"{row['path']}: the stored bytes do not hash to the row's sha256",
+            )
         relative = "/".join(row.pop("path").split("/")[-2:])  # <label>/<file>
         rows[relative] = tuple(row[name] for name in COMPARED)
     return rows
@@ -185,9 +228,12 @@ def compare_outputs(project: Path, baseline: Path, expected: int) -> None:
     check(len(ours) == expected, f"raw_images holds {len(ours)} rows for {expected} files")
     check(ours.keys() == theirs.keys(), "raw_images and the baseline list different files")
     different = [key for key in ours if ours[key] != theirs[key]]
-    check(not different, f"{len(different)} rows differ, e.g. {different[:1]}: {ours[different[0]] if different else ''} "
-                         f"vs {theirs[different[0]] if different else ''}")
-    statuses = {row[COMPARED.index('status')] for row in ours.values()}
+    check(
+        not different,
+        f"{len(different)} rows differ, e.g. {different[:1]}: {ours[different[0]] if different else ''} "
+        f"vs {theirs[different[0]] if different else ''}",
+    )
+    statuses = {row[COMPARED.index("status")] for row in ours.values()}
     print(f"  same {len(ours)} rows on both sides (statuses {sorted(statuses)})")
 
 
@@ -196,8 +242,7 @@ def step_seconds(result) -> float:
     return sum(event.event_specific_data.duration_ms for event in result.get_step_success_events()) / 1000
 
 
-def bench_batch(report: Report, key: str, project: Project, baseline: Baseline, landing: Path, batch: str,
-                repeats: int) -> None:
+def bench_batch(report: Report, key: str, project: Project, baseline: Baseline, landing: Path, batch: str, repeats: int) -> None:
     files = image_files(landing / batch)
     count = len(files)
     size = sum(p.stat().st_size for p in files)
@@ -220,15 +265,20 @@ def bench_batch(report: Report, key: str, project: Project, baseline: Baseline, 
     # Where the CPU goes (one more run of each side): the JVM's share is work the baseline never does.
     cpu = {"project": cpu_used(run_project), "baseline": cpu_used(lambda: baseline.run(files, baseline_out))}
     print(f"CPU seconds by process: {cpu}")
-    report.figure(key, {
-        "files": count, "megabytes": round(size / 1e6, 1),
-        "project": ours.to_dict(count), "baseline": theirs.to_dict(count),
-        "project_step_median_s": round(step, 3),
-        "dagster_overhead_median_s": round(ours.median - step, 3),
-        "throughput_ratio_range": [round(low, 3), round(high, 3)],
-        "project_parquet_files": len(list(project.partition(batch).glob("*.parquet"))),
-        "cpu_seconds_by_process": cpu,
-    })
+    report.figure(
+        key,
+        {
+            "files": count,
+            "megabytes": round(size / 1e6, 1),
+            "project": ours.to_dict(count),
+            "baseline": theirs.to_dict(count),
+            "project_step_median_s": round(step, 3),
+            "dagster_overhead_median_s": round(ours.median - step, 3),
+            "throughput_ratio_range": [round(low, 3), round(high, 3)],
+            "project_parquet_files": len(list(project.partition(batch).glob("*.parquet"))),
+            "cpu_seconds_by_process": cpu,
+        },
+    )
     print(f"project (raw_images): {ours.describe(count, 'images')}; inside the step {step:.2f}s")
     print(f"baseline (process pool): {theirs.describe(count, 'images')}")
     report.result(f"{key}_throughput_ratio", ratio, ">=", 0.8)
@@ -255,8 +305,7 @@ def run(report: Report, args) -> None:
     seconds, _ = timed(lambda: project.materialize(warm_landing, warm_batch))
     report.figure("first_run_of_20_images_s", round(seconds, 2))
     report.figure("spark_one_off_startup_s", round(time.perf_counter() - started, 2))
-    print(f"one-off start-up (session + first 20-image run that starts the Python workers): "
-          f"{time.perf_counter() - started:.1f}s")
+    print(f"one-off start-up (session + first 20-image run that starts the Python workers): {time.perf_counter() - started:.1f}s")
     baseline = Baseline(workers)
     try:
         for key, landing, batch in datasets:

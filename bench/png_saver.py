@@ -114,8 +114,9 @@ def write_prompts(path: Path, count: int) -> None:
         writer = csv.writer(out)
         writer.writerow(["id", "prompt", "width", "height", "seed", "label"])
         for index in range(count):
-            writer.writerow([f"cell-{index}", f"Electroluminescence image of solar cell number {index}", SIZE, SIZE,
-                             index, "defective"])
+            writer.writerow(
+                [f"cell-{index}", f"Electroluminescence image of solar cell number {index}", SIZE, SIZE, index, "defective"]
+            )
 
 
 def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
@@ -142,8 +143,12 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
     }
     started = time.perf_counter()
     with dg.instance_for_test() as instance:
-        result = dg.materialize([ernie_generated_images], instance=instance, resources=resources,
-                                run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+        result = dg.materialize(
+            [ernie_generated_images],
+            instance=instance,
+            resources=resources,
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        )
     check(result.success, "ernie_generated_images failed")
     return {"count": count, "seconds": time.perf_counter() - started}
 
@@ -166,10 +171,20 @@ def verify(count: int, out_dir: Path) -> dict:
 
 
 def measure(count: int, endpoints: list[str], out_dir: Path) -> dict:
-    command = [sys.executable, "-m", "bench.png_saver", "--child", str(count), "--endpoints", ",".join(endpoints),
-               "--out", str(out_dir)]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, PYTHONPATH=str(REPO)))
+    command = [
+        sys.executable,
+        "-m",
+        "bench.png_saver",
+        "--child",
+        str(count),
+        "--endpoints",
+        ",".join(endpoints),
+        "--out",
+        str(out_dir),
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO))
+    )
     sampler = MemorySampler(process.pid)
     sampler.start()
     stdout, stderr = process.communicate()
@@ -189,8 +204,8 @@ def measure(count: int, endpoints: list[str], out_dir: Path) -> dict:
         peak_at = max(trace, key=lambda point: point[1])[0]
         # Driver RSS at each tenth of the run: growth at the very end is the driver reading results back.
         result["driver_rss_mb_by_tenth"] = [
-            round(max((rss for at, rss in trace if at <= duration * tenth / 10), default=0) / 2**20)
-            for tenth in range(1, 11)]
+            round(max((rss for at, rss in trace if at <= duration * tenth / 10), default=0) / 2**20) for tenth in range(1, 11)
+        ]
         result["driver_peak_at_share_of_run"] = round(peak_at / duration, 3)
     return result
 
@@ -203,8 +218,7 @@ def run(report: Report, args) -> None:
     from dgx_assets.generation import launcher
 
     small, large = (500, 5_000) if args.quick else (10_000, 100_000)
-    report.params.update(image_counts=[small, large], image_size=SIZE, servers=2,
-                         client_concurrency_per_task=CLIENT_CONCURRENCY)
+    report.params.update(image_counts=[small, large], image_size=SIZE, servers=2, client_concurrency_per_task=CLIENT_CONCURRENCY)
     model_dir = cached_quick_generator()
     servers = launcher.start_local_servers(2, model_dir, log_dir=work_dir(NAME) / "logs")
     runs = {}
@@ -218,24 +232,35 @@ def run(report: Report, args) -> None:
             result.update(verify(count, out_dir))
             shutil.rmtree(out_dir, ignore_errors=True)  # 100,000 PNG files: do not keep them
             summary = result["summary"]
-            check(summary["prompts"] == count and summary["valid"] == count,
-                  f"{count} prompts gave {summary['valid']} valid rows of {summary['prompts']}: {summary['status_counts']}")
+            check(
+                summary["prompts"] == count and summary["valid"] == count,
+                f"{count} prompts gave {summary['valid']} valid rows of {summary['prompts']}: {summary['status_counts']}",
+            )
             check(result["png_files"] == count, f"{result['png_files']} PNG files for {count} images")
             check(result["sample_same"], "PNG files differ from the bytes in the table")
             runs[count] = result
-            roles = ", ".join(f"{kind} {max(values) / 2**20:.0f} MB" + (f" (x{len(values)})" if len(values) > 1 else "")
-                              for kind, values in result["peak_rss_by_role"].items())
-            print(f"   {count / result['seconds']:.0f} images/s; peak RSS: {roles}; "
-                  f"peak in all (PSS) {result['peak_total_pss'] / 2**20:.0f} MB")
+            roles = ", ".join(
+                f"{kind} {max(values) / 2**20:.0f} MB" + (f" (x{len(values)})" if len(values) > 1 else "")
+                for kind, values in result["peak_rss_by_role"].items()
+            )
+            print(
+                f"   {count / result['seconds']:.0f} images/s; peak RSS: {roles}; "
+                f"peak in all (PSS) {result['peak_total_pss'] / 2**20:.0f} MB"
+            )
     finally:
         launcher.stop_servers(servers)
 
     report.figure("runs", {str(count): result for count, result in runs.items()})
     growth = runs[large]["peak_total_pss"] / runs[small]["peak_total_pss"]
     worst = max(runs[large]["peak_total_pss"], runs[small]["peak_total_pss"])
-    report.figure("peak_rss_growth_by_role", {
-        kind: round(max(peaks) / max(runs[small]["peak_rss_by_role"][kind]), 3)
-        for kind, peaks in runs[large]["peak_rss_by_role"].items() if kind in runs[small]["peak_rss_by_role"]})
+    report.figure(
+        "peak_rss_growth_by_role",
+        {
+            kind: round(max(peaks) / max(runs[small]["peak_rss_by_role"][kind]), 3)
+            for kind, peaks in runs[large]["peak_rss_by_role"].items()
+            if kind in runs[small]["peak_rss_by_role"]
+        },
+    )
     report.result("png_saver_peak_growth", growth, "<=", 1.2)
     report.result("png_saver_peak_gb", worst / GB, "<=", 1.2)
 

@@ -26,8 +26,7 @@ from pathlib import Path
 from bench.common import REPO, RESULTS_DIR, prepare_environment
 
 # Cheapest first, so a smoke run shows trouble early; each runs alone (they would fight for the CPUs).
-BENCHMARKS = ("code_location", "train_input", "edge", "serving", "ingest", "features", "png_saver", "end_to_end",
-              "scale_out")
+BENCHMARKS = ("code_location", "train_input", "edge", "serving", "ingest", "features", "png_saver", "end_to_end", "scale_out")
 RESULT_LINE = re.compile(r"^RESULT (\S+) (\S+) \(goal (>=|<=) (\S+)\)$")
 
 
@@ -38,8 +37,16 @@ def parse_results(output: str) -> list[dict]:
         if match:
             name, value, op, goal = match.groups()
             value, goal = float(value), float(goal)
-            results.append({"name": name, "value": value, "op": op, "goal": goal,
-                            "met": value >= goal if op == ">=" else value <= goal, "line": line.strip()})
+            results.append(
+                {
+                    "name": name,
+                    "value": value,
+                    "op": op,
+                    "goal": goal,
+                    "met": value >= goal if op == ">=" else value <= goal,
+                    "line": line.strip(),
+                }
+            )
     return results
 
 
@@ -49,8 +56,9 @@ def run_one(name: str, quick: bool, results_dir: Path | None, timeout_s: float) 
         command += ["--results-dir", str(results_dir)]
     started = time.perf_counter()
     lines: list[str] = []
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, PYTHONPATH=str(REPO)))
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONPATH=str(REPO))
+    )
     watchdog = threading.Timer(timeout_s, process.kill)  # this PID only: the benchmark we started
     watchdog.start()
     assert process.stdout is not None
@@ -65,8 +73,13 @@ def run_one(name: str, quick: bool, results_dir: Path | None, timeout_s: float) 
     seconds = time.perf_counter() - started
     timed_out = seconds >= timeout_s and code != 0
     status = "timed out" if timed_out else ("ok" if code == 0 else f"failed (exit {code})")
-    return {"benchmark": name, "status": status, "seconds": round(seconds, 1),
-            "results": parse_results("".join(lines)), "command": " ".join(["python -m", f"bench.{name}"] + command[3:])}
+    return {
+        "benchmark": name,
+        "status": status,
+        "seconds": round(seconds, 1),
+        "results": parse_results("".join(lines)),
+        "command": " ".join(["python -m", f"bench.{name}"] + command[3:]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,10 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.results_dir or os.environ.get("DGX_BENCH_RESULTS") or RESULTS_DIR)
     folder.mkdir(parents=True, exist_ok=True)
     summary = folder / ("summary.quick.json" if args.quick else "summary.json")
-    summary.write_text(json.dumps({
-        "command": "python -m bench.run_all" + (" --quick" if args.quick else ""),
-        "date": started_at.isoformat(timespec="seconds"), "seconds": round(total, 1), "runs": runs,
-    }, indent=2) + "\n")
+    summary.write_text(
+        json.dumps(
+            {
+                "command": "python -m bench.run_all" + (" --quick" if args.quick else ""),
+                "date": started_at.isoformat(timespec="seconds"),
+                "seconds": round(total, 1),
+                "runs": runs,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {summary}")
     return 1 if broken or (args.strict and missed) else 0
 

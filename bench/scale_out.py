@@ -43,17 +43,26 @@ def _materialize(lake: str, keys: list[str]) -> None:
 
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(image_batches.name, keys)
-        tags = {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]} \
-            if len(keys) > 1 else {}
-        dg.materialize([raw_images], instance=instance, partition_key=None if len(keys) > 1 else keys[0], tags=tags,
-                       resources={"spark": SparkResource(), "lake": LakeResource(root=lake)})
+        tags = {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]} if len(keys) > 1 else {}
+        dg.materialize(
+            [raw_images],
+            instance=instance,
+            partition_key=None if len(keys) > 1 else keys[0],
+            tags=tags,
+            resources={"spark": SparkResource(), "lake": LakeResource(root=lake)},
+        )
         check(len(instance.get_runs()) == 1, "one run")
 
 
 def _run_process(lake: str, keys: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bench.scale_out", "--materialize", lake, *keys], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "bench.scale_out", "--materialize", lake, *keys],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
@@ -66,7 +75,8 @@ def _rows(lake: str, keys: list[str]) -> list[tuple]:
     rows = []
     for key in keys:
         table = ds.dataset(store.data_files(store.asset_uri("raw_images", key)), filesystem=store.fs).to_table(
-            columns=["path", "sha256", "status", "split"])
+            columns=["path", "sha256", "status", "split"]
+        )
         paths = [path.split("/landing/", 1)[1] for path in table.column("path").to_pylist()]  # each side's own lake
         rows += sorted(zip(paths, *(table.column(c).to_pylist() for c in ("sha256", "status", "split"))))
     return rows
@@ -93,8 +103,13 @@ def backfill(report: Report, args) -> None:
     report.figure("one_run_per_batch_s", [round(s, 1) for s in per_batch])
     report.figure("backfill_one_run_s", round(whole, 1))
     report.figure("projected_runs_per_batch_s", round(projected, 1))
-    report.result("backfill_vs_run_per_batch", whole / projected, "<=", 0.5,
-                  f"{BATCHES} batches: {whole:.0f} s in one run vs {projected:.0f} s as {BATCHES} runs")
+    report.result(
+        "backfill_vs_run_per_batch",
+        whole / projected,
+        "<=",
+        0.5,
+        f"{BATCHES} batches: {whole:.0f} s in one run vs {projected:.0f} s as {BATCHES} runs",
+    )
 
 
 def distributed(report: Report, args) -> None:
@@ -111,11 +126,11 @@ def distributed(report: Report, args) -> None:
     from dgx_assets.training.train import train_classifier
 
     root = work_dir(NAME) / "features"
-    paths = training_data.write_feature_partitions(root, FeatureConfig(image_height=32, image_width=32),
-                                                   rows_per_batch=args.rows, batches=("b0", "b1"))
+    paths = training_data.write_feature_partitions(
+        root, FeatureConfig(image_height=32, image_width=32), rows_per_batch=args.rows, batches=("b0", "b1")
+    )
     files = FeatureFiles(pafs.LocalFileSystem(), tuple(str(p) for p in paths))
-    config = TrainConfig(backbone="scratch", width=8, epochs=args.epochs, patience=args.epochs, batch_size=16,
-                         augment=False)
+    config = TrainConfig(backbone="scratch", width=8, epochs=args.epochs, patience=args.epochs, batch_size=16, augment=False)
 
     class FirstStep(keras.callbacks.Callback):
         at = None
@@ -128,8 +143,13 @@ def distributed(report: Report, args) -> None:
     single_first_step = FirstStep.at - started
 
     session_started = time.perf_counter()
-    session = (SparkSession.builder.master("local-cluster[2,1,1024]").config("spark.ui.enabled", "false")
-               .config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "1g").getOrCreate())
+    session = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.executor.memory", "1g")
+        .getOrCreate()
+    )
     session_s = time.perf_counter() - session_started
     try:
         spread = train_on_spark(session, files, config, str(root / "ckpt-spark"))
@@ -138,15 +158,29 @@ def distributed(report: Report, args) -> None:
     check(len(spread.workers) == 2 and all(w.steps > 0 for w in spread.workers), "two workers took steps")
     a_single, a_spark = single.test.metrics["accuracy"], spread.test.metrics["accuracy"]
     report.figure("test_images", int(single.test.metrics["images"]))
-    report.figure("single", {"first_step_s": round(single_first_step, 1), "accuracy": round(a_single, 4),
-                             "seconds": round(single.seconds, 1)})
-    report.figure("spark_2_workers", {"first_step_s": round(spread.startup_seconds, 1), "accuracy": round(a_spark, 4),
-                                      "seconds": round(spread.seconds, 1), "session_start_s": round(session_s, 1),
-                                      "steps_per_worker": [w.steps for w in spread.workers],
-                                      "shard_rows": [w.shard_rows for w in spread.workers]})
+    report.figure(
+        "single",
+        {"first_step_s": round(single_first_step, 1), "accuracy": round(a_single, 4), "seconds": round(single.seconds, 1)},
+    )
+    report.figure(
+        "spark_2_workers",
+        {
+            "first_step_s": round(spread.startup_seconds, 1),
+            "accuracy": round(a_spark, 4),
+            "seconds": round(spread.seconds, 1),
+            "session_start_s": round(session_s, 1),
+            "steps_per_worker": [w.steps for w in spread.workers],
+            "shard_rows": [w.shard_rows for w in spread.workers],
+        },
+    )
     report.figure("startup_overhead_s", round(spread.startup_seconds - single_first_step, 1))
-    report.result("accuracy_gap_points", abs(a_spark - a_single) * 100, "<=", 1.0,
-                  f"single {a_single:.1%}, spark x2 {a_spark:.1%} after {args.epochs} epochs")
+    report.result(
+        "accuracy_gap_points",
+        abs(a_spark - a_single) * 100,
+        "<=",
+        1.0,
+        f"single {a_single:.1%}, spark x2 {a_spark:.1%} after {args.epochs} epochs",
+    )
 
 
 def run(report: Report, args) -> None:

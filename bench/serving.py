@@ -70,12 +70,26 @@ for index in range(args["calls"]):
 print(json.dumps({"digests": digests, "latencies_s": times}))
 """
 
+
 def bare_predictor(model_dir: Path, fixed_latency_ms: float, calls: int, seeds: list[int]) -> dict:
-    args = {"model_dir": str(model_dir), "prompt": PROMPT, "size": SIZE, "fixed_latency_ms": fixed_latency_ms,
-            "calls": calls, "seeds": seeds}
+    args = {
+        "model_dir": str(model_dir),
+        "prompt": PROMPT,
+        "size": SIZE,
+        "fixed_latency_ms": fixed_latency_ms,
+        "calls": calls,
+        "seeds": seeds,
+    }
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", BARE_PREDICTOR, json.dumps(args)], check=False, capture_output=True,
-                         text=True, cwd=REPO, env=env, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", BARE_PREDICTOR, json.dumps(args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"bare predictor failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -148,9 +162,14 @@ def run(report: Report, args) -> None:
     burst_requests = 40 if args.quick else 300
     time_wait_requests = 200 if args.quick else 1_000
     sequential_calls = 20 if args.quick else 60
-    report.params.update(fixed_latency_ms=fixed_ms, image_size=SIZE, client_concurrency=CONCURRENCY,
-                         burst_requests=burst_requests, time_wait_requests=time_wait_requests,
-                         sequential_calls=sequential_calls)
+    report.params.update(
+        fixed_latency_ms=fixed_ms,
+        image_size=SIZE,
+        client_concurrency=CONCURRENCY,
+        burst_requests=burst_requests,
+        time_wait_requests=time_wait_requests,
+        sequential_calls=sequential_calls,
+    )
     model_dir = cached_quick_generator()  # shared with the tests, rebuilt when its code changes
     seeds = [0, 1, 2, 3]
     bare = bare_predictor(model_dir, fixed_ms, sequential_calls, seeds)
@@ -166,8 +185,10 @@ def run(report: Report, args) -> None:
         for seed, digest in zip(seeds, bare["digests"]):
             reply = checker.generate(PROMPT, SIZE, SIZE, seed)
             check(reply.ok, f"request failed: {reply.error}")
-            check(hashlib.sha256(base64.b64decode(reply.payload_b64)).hexdigest() == digest,
-                  f"seed {seed}: the served PNG differs from the bare predictor's")
+            check(
+                hashlib.sha256(base64.b64decode(reply.payload_b64)).hexdigest() == digest,
+                f"seed {seed}: the served PNG differs from the bare predictor's",
+            )
         print(f"  same PNG bytes as the bare predictor for seeds {seeds}")
 
         # TIME_WAIT and new connections over 1,000 requests on the two-instance fleet, with the client warm
@@ -180,12 +201,22 @@ def run(report: Report, args) -> None:
         seconds = burst(client, time_wait_requests, seed_offset=10_000)
         opened, stats = connections_opened(client) - opened_before, client.stats()
         left = time_wait_sockets(ports) - before
-        report.figure("fleet_run", {"requests": time_wait_requests, "seconds": round(seconds, 2),
-                                    "per_s": round(time_wait_requests / seconds, 2), "connections_opened": opened,
-                                    "connections_at_warm_up": opened_before,
-                                    "per_endpoint": stats, "new_time_wait_sockets": len(left)})
-        print(f"{time_wait_requests} requests on 2 instances in {seconds:.1f}s: {opened} new connections "
-              f"({opened_before} opened while warming up), {len(left)} new TIME_WAIT sockets; per endpoint {stats}")
+        report.figure(
+            "fleet_run",
+            {
+                "requests": time_wait_requests,
+                "seconds": round(seconds, 2),
+                "per_s": round(time_wait_requests / seconds, 2),
+                "connections_opened": opened,
+                "connections_at_warm_up": opened_before,
+                "per_endpoint": stats,
+                "new_time_wait_sockets": len(left),
+            },
+        )
+        print(
+            f"{time_wait_requests} requests on 2 instances in {seconds:.1f}s: {opened} new connections "
+            f"({opened_before} opened while warming up), {len(left)} new TIME_WAIT sockets; per endpoint {stats}"
+        )
         shares = [entry["requests"] for entry in stats.values()]
         check(min(shares) > 0.4 * time_wait_requests, f"round-robin is lopsided: {shares}")
 
@@ -204,9 +235,11 @@ def run(report: Report, args) -> None:
         print(f"1 instance: {one.describe(burst_requests, 'requests')} (ceiling {1000 / fixed_ms:.1f}/s)")
         print(f"2 instances: {two.describe(burst_requests, 'requests')} (ceiling {2000 / fixed_ms:.1f}/s)")
         if one.rate(burst_requests) > 1.05 * 1000 / fixed_ms:
-            report.note(f"one instance served {one.rate(burst_requests):.1f} requests/s, over the "
-                        f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold does not cost each "
-                        "request the full model time, so the figure measures the client's requests in flight")
+            report.note(
+                f"one instance served {one.rate(burst_requests):.1f} requests/s, over the "
+                f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold does not cost each "
+                "request the full model time, so the figure measures the client's requests in flight"
+            )
 
         # Per-request overhead: sequential calls through client and server vs the bare predictor call.
         served = sequential_latencies(make_client(urls[:1], concurrency=1), sequential_calls)
@@ -215,8 +248,10 @@ def run(report: Report, args) -> None:
         report.figure("bare_predictor_latency", Timing(bare["latencies_s"]).to_dict())
         report.figure("served_latency", Timing(served).to_dict())
         report.figure("overhead_ms", round((served_median - bare_median) * 1000, 2))
-        print(f"sequential request {served_median * 1000:.1f} ms vs bare predictor {bare_median * 1000:.1f} ms: "
-              f"+{(served_median - bare_median) * 1000:.1f} ms ({overhead:.1%})")
+        print(
+            f"sequential request {served_median * 1000:.1f} ms vs bare predictor {bare_median * 1000:.1f} ms: "
+            f"+{(served_median - bare_median) * 1000:.1f} ms ({overhead:.1%})"
+        )
 
         hostile = hostile_probes(report, hostile_target, args.quick)
     finally:
@@ -228,8 +263,7 @@ def run(report: Report, args) -> None:
     report.result("serving_request_overhead", overhead, "<=", 0.10)
     report.result("serving_idle_connections_rss_growth_mb", hostile["rss_growth_mb"], "<=", 100)
     report.result("serving_idle_connections_p99_ratio", hostile["p99_ratio"], "<=", 2.0)
-    report.result("serving_slow_loris_closed_max_s", hostile["loris_closed_max_s"], "<=",
-                  hostile["header_timeout_s"] + 0.5)
+    report.result("serving_slow_loris_closed_max_s", hostile["loris_closed_max_s"], "<=", hostile["header_timeout_s"] + 0.5)
     report.result("serving_over_limit_body_refused_max_ms", hostile["refused_max_ms"], "<=", 50)
 
 
@@ -273,13 +307,22 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
         for sock in held:
             sock.close()
     growth, ratio = rss_held - rss_before, p99(held_latencies) / p99(idle_latencies)
-    report.figure("idle_connections", {"held": idle_count, "still_open_at_end": open_now,
-                                       "rss_before_mb": round(rss_before, 1), "rss_held_mb": round(rss_held, 1),
-                                       "p99_idle_ms": round(p99(idle_latencies) * 1000, 1),
-                                       "p99_held_ms": round(p99(held_latencies) * 1000, 1)})
+    report.figure(
+        "idle_connections",
+        {
+            "held": idle_count,
+            "still_open_at_end": open_now,
+            "rss_before_mb": round(rss_before, 1),
+            "rss_held_mb": round(rss_held, 1),
+            "p99_idle_ms": round(p99(idle_latencies) * 1000, 1),
+            "p99_held_ms": round(p99(held_latencies) * 1000, 1),
+        },
+    )
     check(open_now == idle_count, f"only {open_now} of {idle_count} idle connections lasted the measurement")
-    print(f"{idle_count} idle connections: RSS {rss_before:.0f} -> {rss_held:.0f} MB, other client's p99 "
-          f"{p99(idle_latencies) * 1000:.1f} -> {p99(held_latencies) * 1000:.1f} ms")
+    print(
+        f"{idle_count} idle connections: RSS {rss_before:.0f} -> {rss_held:.0f} MB, other client's p99 "
+        f"{p99(idle_latencies) * 1000:.1f} -> {p99(held_latencies) * 1000:.1f} ms"
+    )
 
     # Slow loris: a header byte a second on each connection; another client is served meanwhile.
     lorises = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(loris_count)]
@@ -293,13 +336,12 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
                 if index in closed_after:
                     continue
                 try:
-                    sock.send(header[step: step + 1])
+                    sock.send(header[step : step + 1])
                 except OSError:
                     closed_after[index] = time.monotonic() - opened
             deadline = opened + step + 1
             while (left := deadline - time.monotonic()) > 0 and len(closed_after) < loris_count:
-                readable, _, _ = select.select([s for i, s in enumerate(lorises) if i not in closed_after], [], [],
-                                               left)
+                readable, _, _ = select.select([s for i, s in enumerate(lorises) if i not in closed_after], [], [], left)
                 for sock in readable:
                     index = lorises.index(sock)
                     try:
@@ -313,16 +355,26 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
         loris_served = served.result()
     for sock in lorises:
         sock.close()
-    check(len(closed_after) == loris_count,
-          f"{loris_count - len(closed_after)} slow-loris connections still open after {step + 1} s")
+    check(
+        len(closed_after) == loris_count,
+        f"{loris_count - len(closed_after)} slow-loris connections still open after {step + 1} s",
+    )
     loris_max = max(closed_after.values())
-    report.figure("slow_loris", {"connections": loris_count, "header_timeout_s": defaults.header_timeout_s,
-                                 "closed_after_max_s": round(loris_max, 2),
-                                 "closed_after_min_s": round(min(closed_after.values()), 2),
-                                 "other_client_p99_ms": round(p99(loris_served) * 1000, 1)})
-    print(f"{loris_count} slow-loris connections closed after {min(closed_after.values()):.2f}-{loris_max:.2f} s "
-          f"(header timeout {defaults.header_timeout_s:g} s); another client's p99 meanwhile "
-          f"{p99(loris_served) * 1000:.1f} ms")
+    report.figure(
+        "slow_loris",
+        {
+            "connections": loris_count,
+            "header_timeout_s": defaults.header_timeout_s,
+            "closed_after_max_s": round(loris_max, 2),
+            "closed_after_min_s": round(min(closed_after.values()), 2),
+            "other_client_p99_ms": round(p99(loris_served) * 1000, 1),
+        },
+    )
+    print(
+        f"{loris_count} slow-loris connections closed after {min(closed_after.values()):.2f}-{loris_max:.2f} s "
+        f"(header timeout {defaults.header_timeout_s:g} s); another client's p99 meanwhile "
+        f"{p99(loris_served) * 1000:.1f} ms"
+    )
 
     # Over-limit body: the 413 must come from the header alone, before any of the body is sent.
     refusals = []
@@ -330,24 +382,37 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
     for _ in range(20):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             started = time.perf_counter()
-            sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 99000000\r\n\r\n")
+            sock.sendall(
+                b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 99000000\r\n\r\n"
+            )
             reply = sock.recv(4096)
             refusals.append(time.perf_counter() - started)
             check(reply.startswith(b"HTTP/1.1 413"), f"over-limit body answered {reply[:40]!r}")
     refused_max = max(refusals) * 1000
-    report.figure("over_limit_body", {"requests": len(refusals), "refused_max_ms": round(refused_max, 2),
-                                      "refused_median_ms": round(statistics.median(refusals) * 1000, 2),
-                                      "rss_growth_mb": round(rss_mb(server.pid) - rss_before, 1)})
-    print(f"99 MB bodies refused from the header in {statistics.median(refusals) * 1000:.2f} ms median, "
-          f"{refused_max:.2f} ms max")
-    return {"rss_growth_mb": round(growth, 1), "p99_ratio": ratio, "loris_closed_max_s": round(loris_max, 2),
-            "header_timeout_s": defaults.header_timeout_s, "refused_max_ms": refused_max}
+    report.figure(
+        "over_limit_body",
+        {
+            "requests": len(refusals),
+            "refused_max_ms": round(refused_max, 2),
+            "refused_median_ms": round(statistics.median(refusals) * 1000, 2),
+            "rss_growth_mb": round(rss_mb(server.pid) - rss_before, 1),
+        },
+    )
+    print(f"99 MB bodies refused from the header in {statistics.median(refusals) * 1000:.2f} ms median, {refused_max:.2f} ms max")
+    return {
+        "rss_growth_mb": round(growth, 1),
+        "p99_ratio": ratio,
+        "loris_closed_max_s": round(loris_max, 2),
+        "header_timeout_s": defaults.header_timeout_s,
+        "refused_max_ms": refused_max,
+    }
 
 
 def add_arguments(cli) -> None:
-    cli.add_argument("--fixed-latency-ms", type=float, default=None,
-                     help="model time of the benchmark's engine (default 100; quick 50)")
+    cli.add_argument(
+        "--fixed-latency-ms", type=float, default=None, help="model time of the benchmark's engine (default 100; quick 50)"
+    )
 
 
 if __name__ == "__main__":

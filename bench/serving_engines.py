@@ -94,8 +94,7 @@ def faulty(config):
     from dgx_assets.serving.engine import load_engine
 
     options = dict(config.engine_options)
-    return Faulty(load_engine(config), options["fault"], int(options.get("count", 0)),
-                  float(options.get("delay_ms", 0)) / 1000.0)
+    return Faulty(load_engine(config), options["fault"], int(options.get("count", 0)), float(options.get("delay_ms", 0)) / 1000.0)
 
 
 def fixed_latency_args(latency_ms: float) -> list[str]:

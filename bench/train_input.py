@@ -143,9 +143,16 @@ def run(report: Report, args) -> None:
     train_rows = index.rows("train")
     config = TrainConfig().resolved()  # the default backbone with its recipe's learning rate
     batch = config.batch_size
-    report.params.update(rows=rows, train_images=train_rows, files=len(paths), batch_size=batch,
-                         tensor_shape=list(index.tensor_shape), shuffle_buffer=config.shuffle_buffer,
-                         backbone=config.backbone, trainable_from_block=config.trainable_from_block)
+    report.params.update(
+        rows=rows,
+        train_images=train_rows,
+        files=len(paths),
+        batch_size=batch,
+        tensor_shape=list(index.tensor_shape),
+        shuffle_buffer=config.shuffle_buffer,
+        backbone=config.backbone,
+        trainable_from_block=config.trainable_from_block,
+    )
 
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()  # as train_classifier runs
@@ -157,16 +164,19 @@ def run(report: Report, args) -> None:
     position = 0
     for batch_images, batch_labels in streamed:
         n = int(batch_images.shape[0])
-        check(np.array_equal(batch_images.numpy(), images[position:position + n].astype(np.float32)),
-              f"streamed tensors differ from the Parquet contents at rows {position}..{position + n}")
-        check(np.array_equal(batch_labels.numpy(), labels[position:position + n]), f"labels differ at row {position}")
+        check(
+            np.array_equal(batch_images.numpy(), images[position : position + n].astype(np.float32)),
+            f"streamed tensors differ from the Parquet contents at rows {position}..{position + n}",
+        )
+        check(np.array_equal(batch_labels.numpy(), labels[position : position + n]), f"labels differ at row {position}")
         position += n
     check(position == train_rows, f"the streamed dataset yielded {position} of {train_rows} training images")
     print(f"  same {position} tensors and labels, in order")
 
     def project_dataset():
-        return make_dataset(files, index, "train", batch, shuffle=True, augment=True, seed=SEED,
-                            shuffle_buffer=config.shuffle_buffer)
+        return make_dataset(
+            files, index, "train", batch, shuffle=True, augment=True, seed=SEED, shuffle_buffer=config.shuffle_buffer
+        )
 
     def baseline_dataset():
         return memory_dataset(images, labels, batch, shuffle=True, augment=True, buffer=config.shuffle_buffer)
@@ -174,12 +184,13 @@ def run(report: Report, args) -> None:
     # 1. The pipelines alone.
     for make in (project_dataset, baseline_dataset):
         check(iterate(make()) == train_rows, "an epoch must yield every training image")
-    alone = interleaved({"project": lambda: iterate(project_dataset()), "baseline": lambda: iterate(baseline_dataset())},
-                        repeats)
+    alone = interleaved({"project": lambda: iterate(project_dataset()), "baseline": lambda: iterate(baseline_dataset())}, repeats)
     report.figure("pipeline_project", alone["project"].to_dict(train_rows))
     report.figure("pipeline_in_memory", alone["baseline"].to_dict(train_rows))
-    cpu = {name: round(cpu_per_image_ms(make, train_rows), 4)
-           for name, make in (("project", project_dataset), ("in_memory", baseline_dataset))}
+    cpu = {
+        name: round(cpu_per_image_ms(make, train_rows), 4)
+        for name, make in (("project", project_dataset), ("in_memory", baseline_dataset))
+    }
     report.figure("pipeline_cpu_ms_per_image", cpu)
     print(f"pipeline alone, Parquet stream: {alone['project'].describe(train_rows, 'images')}")
     print(f"pipeline alone, in memory: {alone['baseline'].describe(train_rows, 'images')}")
@@ -187,15 +198,20 @@ def run(report: Report, args) -> None:
 
     # 2. What training consumes: one epoch of model.fit on the project's classifier.
     model = build_classifier(config.model, index.tensor_shape, len(index.class_names))
-    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate),
-                  loss=keras.losses.SparseCategoricalCrossentropy(),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    model.compile(
+        optimizer=keras.optimizers.Adam(config.learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
     warm, _ = timed(lambda: model.fit(baseline_dataset().take(4), epochs=1, verbose=0))
     report.figure("model_compile_and_first_steps_s", round(warm, 2))
-    fit = interleaved({
-        "project": lambda: model.fit(project_dataset(), epochs=1, verbose=0),
-        "baseline": lambda: model.fit(baseline_dataset(), epochs=1, verbose=0),
-    }, repeats)
+    fit = interleaved(
+        {
+            "project": lambda: model.fit(project_dataset(), epochs=1, verbose=0),
+            "baseline": lambda: model.fit(baseline_dataset(), epochs=1, verbose=0),
+        },
+        repeats,
+    )
     ours, theirs = fit["project"], fit["baseline"]
     low, high = ratio_spread(theirs, ours)
     report.figure("training_project", ours.to_dict(train_rows))

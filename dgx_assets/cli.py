@@ -41,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="seed the landing zone if empty, then materialize every asset end to end")
     demo.add_argument("--batches", type=int, default=3)
     demo.add_argument("--limit", type=int, help="only the first N ELPV images (a quick look)")
-    demo.add_argument("--verbose", action="store_true",
-                      help="print Dagster's full event log instead of one line per step (it always goes to a file)")
+    demo.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print Dagster's full event log instead of one line per step (it always goes to a file)",
+    )
     demo.set_defaults(handler=_run_demo)
 
     from dgx_assets.serving import commands as serving_commands

@@ -90,8 +90,9 @@ def visible_file_infos(fs: pafs.FileSystem, path: str, recursive: bool = True) -
     if fs.get_file_info(path).type != pafs.FileType.Directory:
         return []
     infos = [
-        info for info in fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
-        if info.type == pafs.FileType.File and not has_hidden_part(info.path[len(path):].lstrip("/"))
+        info
+        for info in fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
+        if info.type == pafs.FileType.File and not has_hidden_part(info.path[len(path) :].lstrip("/"))
     ]
     return sorted(infos, key=lambda info: info.path)
 
@@ -126,14 +127,14 @@ class Lake:
         uri = normalize_uri(uri)
         if not uri.startswith(self.root):
             return filesystem_for(uri)[1]
-        relative = uri[len(self.root):].lstrip("/")
+        relative = uri[len(self.root) :].lstrip("/")
         return posixpath.join(self._root_path, relative) if relative else self._root_path
 
     def uri_of(self, path: str) -> str:
         """The URI of a path of this lake's filesystem, under its root (the inverse of `fs_path`)."""
         if path != self._root_path and not path.startswith(self._root_path.rstrip("/") + "/"):
             raise ValueError(f"{path} is not under the lake's root {self.root}")
-        relative = path[len(self._root_path):].lstrip("/")
+        relative = path[len(self._root_path) :].lstrip("/")
         return self.uri(relative) if relative else self.root
 
     def asset_uri(self, asset: str, partition: str | None = None) -> str:
@@ -195,7 +196,7 @@ class Lake:
         self._tidy(base)
         prefix = f"{PARTITION_COLUMN}="
         keys = [
-            posixpath.basename(info.path)[len(prefix):]
+            posixpath.basename(info.path)[len(prefix) :]
             for info in self.fs.get_file_info(pafs.FileSelector(base))
             if info.type == pafs.FileType.Directory and posixpath.basename(info.path).startswith(prefix)
         ]

@@ -46,7 +46,9 @@ def confusion(matrix: Sequence[Sequence[int]], classes: Sequence[str]) -> dg.Met
 
 def column_schema(arrow_schema, descriptions: Mapping[str, str]) -> dg.TableSchema:
     """The Parquet schema a table asset wrote, with a description per known column."""
-    return dg.TableSchema(columns=[
-        dg.TableColumn(name=field.name, type=str(field.type), description=descriptions.get(field.name))
-        for field in arrow_schema
-    ])
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(name=field.name, type=str(field.type), description=descriptions.get(field.name))
+            for field in arrow_schema
+        ]
+    )

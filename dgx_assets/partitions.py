@@ -23,8 +23,9 @@ class BatchResult(NamedTuple):
     data_version: dg.DataVersion | None = None
 
 
-def materialize_batches(context: dg.AssetExecutionContext, one_batch: Callable[[str], BatchResult],
-                        summary: Callable[[str, BatchResult], dict]) -> dg.MaterializeResult:
+def materialize_batches(
+    context: dg.AssetExecutionContext, one_batch: Callable[[str], BatchResult], summary: Callable[[str, BatchResult], dict]
+) -> dg.MaterializeResult:
     """Materialize every partition of the run, one batch after the other (each committed atomically by
     ``one_batch``). A run of one batch returns that batch's result. A backfill run reports each batch as the
     materialization of its partition as soon as it is committed, so a later failure loses none of them, and
@@ -41,13 +42,21 @@ def materialize_batches(context: dg.AssetExecutionContext, one_batch: Callable[[
         context.log_event(dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=result.metadata))
         rows.append({"batch": key, **summary(key, result)})
     columns = list(rows[0])
-    table = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n" + "".join(
-        "| " + " | ".join(str(row[c]) for c in columns) + " |\n" for row in rows)
-    return dg.MaterializeResult(metadata={
-        "batches_in_run": len(keys),
-        "batches": dg.MetadataValue.md(table),
-        PER_BATCH: dg.MetadataValue.json({row["batch"]: row for row in rows}),
-    })
+    table = (
+        "| "
+        + " | ".join(columns)
+        + " |\n|"
+        + "---|" * len(columns)
+        + "\n"
+        + "".join("| " + " | ".join(str(row[c]) for c in columns) + " |\n" for row in rows)
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "batches_in_run": len(keys),
+            "batches": dg.MetadataValue.md(table),
+            PER_BATCH: dg.MetadataValue.json({row["batch"]: row for row in rows}),
+        }
+    )
 
 
 def batch_metadata(metadata: dict, batch: str, key: str):

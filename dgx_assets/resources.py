@@ -53,6 +53,10 @@ class MlflowResource(dg.ConfigurableResource):
 
     def tracking_config(self, registered_model_name: Optional[str] = None) -> TrackingConfig:
         """The settings a tracked run takes, resolved now (another registered name for another model family)."""
-        return TrackingConfig(self.resolved_tracking_uri, self.experiment_name,
-                              registered_model_name or self.registered_model_name,
-                              ui_url=self.resolved_ui_url, dagster_ui_url=settings.dagster_ui_url())
+        return TrackingConfig(
+            self.resolved_tracking_uri,
+            self.experiment_name,
+            registered_model_name or self.registered_model_name,
+            ui_url=self.resolved_ui_url,
+            dagster_ui_url=settings.dagster_ui_url(),
+        )

@@ -1,8 +1,8 @@
 """Test-wide setup: every test writes under a temporary state dir, Spark stays on loopback.
 
-Two tiers: a module marked `pytestmark = pytest.mark.unit` starts no JVM, no server and no subprocess
-(`make test-unit`, a minute or two); every other test is marked `integration` here. A test of a unit module
-that does start something carries `@pytest.mark.integration` itself.
+Two tiers, by folder: tests/unit starts no JVM, no server and no subprocess (`make test-unit`, under a
+minute); tests/integration runs against real Spark, Dagster, MLflow, servers and subprocesses. Each test is
+marked with its tier (`-m unit` / `-m integration`). tests/browser is the browser check (`make e2e`).
 """
 
 import os
@@ -16,8 +16,15 @@ sys.path.insert(0, str(Path(__file__).parent))  # for tests/imagefactory.py
 from dgx_assets import settings
 
 os.environ.update(settings.process_defaults())  # the project's own, not whatever the shell has
-for variable in ("DGX_LAKE_ROOT", "DGX_LANDING_URI", "DGX_PROMPTS_URI", "DGX_DEPLOYMENT", "DGX_SPARK_MASTER",
-                 "MLFLOW_TRACKING_URI", "DGX_ERNIE_ENDPOINTS"):
+for variable in (
+    "DGX_LAKE_ROOT",
+    "DGX_LANDING_URI",
+    "DGX_PROMPTS_URI",
+    "DGX_DEPLOYMENT",
+    "DGX_SPARK_MASTER",
+    "MLFLOW_TRACKING_URI",
+    "DGX_ERNIE_ENDPOINTS",
+):
     os.environ.pop(variable, None)
 
 # Small, quiet Spark for tests: the UI and event log cost start-up time and ports.
@@ -77,6 +84,8 @@ def quick_model(one_paddle_thread):
 
 
 def pytest_collection_modifyitems(items):
+    tests = Path(__file__).parent
     for item in items:
-        if item.get_closest_marker("unit") is None:
-            item.add_marker(pytest.mark.integration)
+        tier = Path(item.fspath).relative_to(tests).parts[0]
+        if tier in ("unit", "integration"):
+            item.add_marker(getattr(pytest.mark, tier))

@@ -37,7 +37,11 @@ def dagster_dev(tmp_path):
     log = open(tmp_path / "dagster-dev.log", "w")
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/graphql"
     try:
@@ -75,10 +79,12 @@ def gql(url, query, **variables):
 
 
 def _location_loaded(url) -> bool:
-    data = gql(url, "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus "
-                    "locationOrLoadError { __typename } } } } }")
+    data = gql(
+        url,
+        "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus locationOrLoadError { __typename } } } } }",
+    )
     entries = data["workspaceOrError"]["locationEntries"]
-    return any(e["name"] == LOCATION and e["loadStatus"] == "LOADED" and
-               e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries)
-
-
+    return any(
+        e["name"] == LOCATION and e["loadStatus"] == "LOADED" and e["locationOrLoadError"]["__typename"] == "RepositoryLocation"
+        for e in entries
+    )

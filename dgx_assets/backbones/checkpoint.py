@@ -77,7 +77,7 @@ class _TensorRef:
         if self.offset < 0 or last >= len(data):
             raise CheckpointError(f"tensor {name!r} reaches past its storage ({len(data)} elements): corrupt file")
         view = np.lib.stride_tricks.as_strided(
-            data[self.offset:], shape=self.shape, strides=[s * itemsize for s in self.stride], writeable=False
+            data[self.offset :], shape=self.shape, strides=[s * itemsize for s in self.stride], writeable=False
         )
         return np.array(view, copy=True)
 
@@ -134,8 +134,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{os.fspath(path)}: {error}") from None
     except (pickle.UnpicklingError, EOFError, struct.error, ValueError, KeyError, IndexError, TypeError) as error:
         raise CheckpointError(
-            f"{os.fspath(path)} is not a complete PyTorch checkpoint (truncated or corrupt: "
-            f"{type(error).__name__}: {error})"
+            f"{os.fspath(path)} is not a complete PyTorch checkpoint (truncated or corrupt: {type(error).__name__}: {error})"
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{os.fspath(path)} holds a {type(state).__name__}, not a state dict of tensors")

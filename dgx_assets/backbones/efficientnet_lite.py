@@ -95,8 +95,15 @@ def build_lite0(input_shape: tuple[int, int, int] = (224, 224, 3), include_top: 
     index = 0
     for repeats, kernel, stride, expand, filters_in, filters_out in STAGES:
         for repeat in range(repeats):
-            x = _mbconv(x, block_name(index), kernel, stride if repeat == 0 else 1, expand,
-                        filters_in if repeat == 0 else filters_out, filters_out)
+            x = _mbconv(
+                x,
+                block_name(index),
+                kernel,
+                stride if repeat == 0 else 1,
+                expand,
+                filters_in if repeat == 0 else filters_out,
+                filters_out,
+            )
             index += 1
     x = layers.Conv2D(EMBEDDING_SIZE, 1, use_bias=False, name="head_conv")(x)
     x = layers.BatchNormalization(epsilon=BN_EPSILON, name="head_bn")(x)
@@ -129,8 +136,13 @@ def _mbconv(x: Any, name: str, kernel: int, stride: int, expand: int, filters_in
 
 def load_torch_weights(model: Any, state: dict[str, np.ndarray]) -> None:
     """Copy a reference-layout state dict into a model from :func:`build_lite0`; every layer must match."""
-    mapping = {"stem_conv": "_conv_stem", "stem_bn": "_bn0", "head_conv": "_conv_head", "head_bn": "_bn1",
-               "imagenet_logits": "_fc"}
+    mapping = {
+        "stem_conv": "_conv_stem",
+        "stem_bn": "_bn0",
+        "head_conv": "_conv_head",
+        "head_bn": "_bn1",
+        "imagenet_logits": "_fc",
+    }
     torch_bn = {"expand_bn": "_bn0", "dw_bn": "_bn1", "project_bn": "_bn2"}
     for index in range(BLOCKS):
         prefix = f"_blocks.{index}."
@@ -180,8 +192,9 @@ def _keras_weights(layer: Any, source: str, state: dict[str, np.ndarray]) -> lis
     return [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
 
 
-def pretrained_lite0(weights: PretrainedWeights, input_shape: tuple[int, int, int] = (224, 224, 3),
-                     include_top: bool = False) -> Any:
+def pretrained_lite0(
+    weights: PretrainedWeights, input_shape: tuple[int, int, int] = (224, 224, 3), include_top: bool = False
+) -> Any:
     """:func:`build_lite0` with the checkpoint's weights loaded."""
     model = build_lite0(input_shape, include_top=include_top)
     load_torch_weights(model, read_state_dict(weights.path))

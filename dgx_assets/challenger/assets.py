@@ -1,6 +1,5 @@
 """challenger_model: the Dagster layer over challenger/tracking.py (no pyspark, xgboost or MLflow import here)."""
 
-
 import dagster as dg
 from pydantic import Field
 
@@ -19,7 +18,8 @@ class ChallengerModelConfig(dg.Config):
     colsample_bytree: float = Field(0.5, description="Embedding dimensions sampled per tree")
     early_stopping_rounds: int = Field(20, description="Rounds without validation mlogloss improvement before stopping")
     num_workers: int | None = Field(
-        None, description="XGBoost workers, one Spark task each; empty: the cluster's task slots (at most 8)")
+        None, description="XGBoost workers, one Spark task each; empty: the cluster's task slots (at most 8)"
+    )
     device: str = Field("auto", description="auto: cuda when Spark gives tasks GPUs (the GPU hist method), else cpu")
     seed: int = Field(42, description="XGBoost random_state")
 
@@ -44,8 +44,13 @@ class ChallengerModelConfig(dg.Config):
         "`<lake>/challenger_model/model_info.json` for the report."
     ),
 )
-def challenger_model(context: dg.AssetExecutionContext, config: ChallengerModelConfig, spark: SparkResource,
-                     lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+def challenger_model(
+    context: dg.AssetExecutionContext,
+    config: ChallengerModelConfig,
+    spark: SparkResource,
+    lake: LakeResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
     from dgx_assets.challenger.tracking import (
         train_and_track_challenger,
         write_challenger_outputs,
@@ -62,32 +67,45 @@ def challenger_model(context: dg.AssetExecutionContext, config: ChallengerModelC
     if not paths:
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
     tracking = mlflow.tracking_config(config.registered_model_name)
-    lineage = DagsterLineage(run_id=context.run_id, asset_key=context.asset_key.to_user_string(),
-                             partition_keys=tuple(partitions), code_version=CHALLENGER_CODE_VERSION,
-                             job_name=context.job_name)
+    lineage = DagsterLineage(
+        run_id=context.run_id,
+        asset_key=context.asset_key.to_user_string(),
+        partition_keys=tuple(partitions),
+        code_version=CHALLENGER_CODE_VERSION,
+        job_name=context.job_name,
+    )
     session = spark.spark_session
     try:
         with spark_progress(session, context.log.info):
             tracked = train_and_track_challenger(
-                session, FeatureFiles(store.fs, tuple(paths)), [store.uri_of(p) for p in paths],
-                store.asset_uri("image_features"), config.challenger_config(), tracking, lineage, log=context.log.info)
+                session,
+                FeatureFiles(store.fs, tuple(paths)),
+                [store.uri_of(p) for p in paths],
+                store.asset_uri("image_features"),
+                config.challenger_config(),
+                tracking,
+                lineage,
+                log=context.log.info,
+            )
     except (ChallengerConfigError, TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error
     folder = write_challenger_outputs(store, tracked, tracking.tracking_uri)
     result, metrics = tracked.result, tracked.result.test.metrics
-    return dg.MaterializeResult(metadata={
-        **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
-        "mlflow_run_id": tracked.run_id,
-        "model_version": f"{tracked.model_name} v{tracked.model_version} (alias challenger)",
-        "test_accuracy": metrics["accuracy"],
-        "test_accuracy_ci95": f"{metrics['accuracy_ci95_low']:.3f}..{metrics['accuracy_ci95_high']:.3f}",
-        "test_macro_f1": metrics["macro_f1"],
-        "test_images": int(metrics["images"]),
-        "inference_ms_per_image": round(result.inference_ms_per_image, 4),
-        "training_seconds": round(result.training_seconds, 1),
-        "workers": f"{result.num_workers} on {result.device}",
-        "best_iteration": result.best_iteration if result.best_iteration is not None else -1,
-        "partitions": dg.MetadataValue.json(partitions),
-        "data_digest": tracked.data_digest,
-        "path": dg.MetadataValue.path(folder),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+            "mlflow_run_id": tracked.run_id,
+            "model_version": f"{tracked.model_name} v{tracked.model_version} (alias challenger)",
+            "test_accuracy": metrics["accuracy"],
+            "test_accuracy_ci95": f"{metrics['accuracy_ci95_low']:.3f}..{metrics['accuracy_ci95_high']:.3f}",
+            "test_macro_f1": metrics["macro_f1"],
+            "test_images": int(metrics["images"]),
+            "inference_ms_per_image": round(result.inference_ms_per_image, 4),
+            "training_seconds": round(result.training_seconds, 1),
+            "workers": f"{result.num_workers} on {result.device}",
+            "best_iteration": result.best_iteration if result.best_iteration is not None else -1,
+            "partitions": dg.MetadataValue.json(partitions),
+            "data_digest": tracked.data_digest,
+            "path": dg.MetadataValue.path(folder),
+        }
+    )

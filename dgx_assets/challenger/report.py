@@ -35,17 +35,32 @@ def compare(lake: Any, model: dict[str, Any] | None, edge: dict[str, Any] | None
     rows = []
     if model:
         edge = edge or {}
-        costs = [f"Keras {edge['keras_latency_ms']:.2f} ms/image" if edge.get("keras_latency_ms") is not None else "",
-                 f"TFLite {edge['tflite_latency_ms']:.2f} ms/image" if edge.get("tflite_latency_ms") is not None else ""]
-        rows.append(_row(f"trained_model ({model.get('backbone', 'keras')})", model,
-                         ", ".join(c for c in costs if c) or "not measured (materialize edge_model)"))
+        costs = [
+            f"Keras {edge['keras_latency_ms']:.2f} ms/image" if edge.get("keras_latency_ms") is not None else "",
+            f"TFLite {edge['tflite_latency_ms']:.2f} ms/image" if edge.get("tflite_latency_ms") is not None else "",
+        ]
+        rows.append(
+            _row(
+                f"trained_model ({model.get('backbone', 'keras')})",
+                model,
+                ", ".join(c for c in costs if c) or "not measured (materialize edge_model)",
+            )
+        )
     if challenger:
-        rows.append(_row("challenger_model (XGBoost on embeddings)", challenger,
-                         f"{challenger['inference_ms_per_image']:.3f} ms/image on the embedding, plus the backbone's "
-                         "forward pass that computes it"))
+        rows.append(
+            _row(
+                "challenger_model (XGBoost on embeddings)",
+                challenger,
+                f"{challenger['inference_ms_per_image']:.3f} ms/image on the embedding, plus the backbone's "
+                "forward pass that computes it",
+            )
+        )
     sizes = {row["images"] for row in rows}
-    note = ("" if len(sizes) == 1 else
-            "The two models were tested on different numbers of images: re-materialize both on the same image_features.")
+    note = (
+        ""
+        if len(sizes) == 1
+        else "The two models were tested on different numbers of images: re-materialize both on the same image_features."
+    )
     return {"rows": rows, "note": note, "missing": [] if challenger else ["challenger_model"] if model else ["trained_model"]}
 
 
@@ -60,8 +75,15 @@ def _share(value: float | None) -> str:
 
 def _cells(row: dict[str, Any]) -> list[str]:
     images = "n/a" if row["images"] is None else str(int(row["images"]))
-    return [row["model"], row["version"], _share(row["accuracy"]), _interval(row["ci95"]),
-            "n/a" if row["macro_f1"] is None else f"{row['macro_f1']:.3f}", images, row["cost"]]
+    return [
+        row["model"],
+        row["version"],
+        _share(row["accuracy"]),
+        _interval(row["ci95"]),
+        "n/a" if row["macro_f1"] is None else f"{row['macro_f1']:.3f}",
+        images,
+        row["cost"],
+    ]
 
 
 HEADERS = ["model", "registered version", "test accuracy", "95 % interval", "macro-F1", "test images", "inference cost"]
@@ -72,11 +94,12 @@ def render_html(comparison: dict[str, Any] | None) -> str:
     if not comparison:
         return parts[0] + "<p class='muted'>Neither trained_model nor challenger_model has been materialized.</p>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row)) + "</tr>"
-                   for row in comparison["rows"])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row)) + "</tr>" for row in comparison["rows"])
     parts.append(f"<table><tr>{head}</tr>{body}</table>")
-    parts.append("<p>Both on image_features' test split; the interval is the 95 % Wilson score interval, so two "
-                 "models whose intervals overlap are not told apart by this test set.</p>")
+    parts.append(
+        "<p>Both on image_features' test split; the interval is the 95 % Wilson score interval, so two "
+        "models whose intervals overlap are not told apart by this test set.</p>"
+    )
     if comparison["note"]:
         parts.append(f"<p class='warn'>{html.escape(comparison['note'])}</p>")
     for name in comparison["missing"]:

@@ -61,41 +61,70 @@ def train_and_track_challenger(
     setup = prepare_run(tracking, lineage, files, CHALLENGER_ASSET)
     client, experiment_id, entries = setup.client, setup.experiment_id, setup.entries
     commit, hardware = setup.commit, setup.hardware
-    digests = {context: dataset_digest(entries, splits)
-               for context, splits in (("training", ["train", "validation"]), ("test", ["test"]))}
+    digests = {
+        context: dataset_digest(entries, splits)
+        for context, splits in (("training", ["train", "validation"]), ("test", ["test"]))
+    }
     data_digest = dataset_digest(entries, ["train", "validation", "test"])
     tags = setup.tags | {"dgx.data_digest": data_digest, "dgx.model_family": "xgboost"}
     with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as run:
         say(f"MLflow run {run.info.run_id} in experiment {tracking.experiment_name!r}")
         result = train_challenger(spark, files, uris, config, log=say)
-        mlflow.log_params(result.params | {"embedding_dims": result.embedding_dims,
-                                           **{f"{s}_images": sum(c.values()) for s, c in result.split_counts.items()}})
+        mlflow.log_params(
+            result.params
+            | {
+                "embedding_dims": result.embedding_dims,
+                **{f"{s}_images": sum(c.values()) for s, c in result.split_counts.items()},
+            }
+        )
         mlflow.log_dict(hardware, "hardware/baseline.json")
-        mlflow.log_dict({"features_uri": features_uri, "partition_keys": list(lineage.partition_keys),
-                         "files": [dataclasses.asdict(e) for e in entries], "split_counts": result.split_counts},
-                        "datasets/feature_files.json")
+        mlflow.log_dict(
+            {
+                "features_uri": features_uri,
+                "partition_keys": list(lineage.partition_keys),
+                "files": [dataclasses.asdict(e) for e in entries],
+                "split_counts": result.split_counts,
+            },
+            "datasets/feature_files.json",
+        )
         for context, splits in (("training", ["train", "validation"]), ("test", ["test"])):
-            profile = {"num_rows": sum(sum(result.split_counts[s].values()) for s in splits), "files": len(entries),
-                       "partitions": list(lineage.partition_keys)[:200], "sha256": digests[context]}
-            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri,
-                                                        digests[context], profile)
+            profile = {
+                "num_rows": sum(sum(result.split_counts[s].values()) for s in splits),
+                "files": len(entries),
+                "partitions": list(lineage.partition_keys)[:200],
+                "sha256": digests[context],
+            }
+            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri, digests[context], profile)
             mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
-        mlflow.log_metrics({f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
-                           | {"training_seconds": result.training_seconds,
-                              "inference_ms_per_image": result.inference_ms_per_image})
+        mlflow.log_metrics(
+            {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
+            | {"training_seconds": result.training_seconds, "inference_ms_per_image": result.inference_ms_per_image}
+        )
         mlflow.set_tag("dgx.class_names", json.dumps(result.class_names))
-        mlflow.log_dict({"class_names": result.class_names, "confusion_matrix": result.test.confusion_matrix},
-                        "evaluation/test_report.json")
-        info = mlflow.xgboost.log_model(result.booster, name="model", registered_model_name=tracking.registered_model_name,
-                                        metadata={"class_names": result.class_names, "input": "image_features.embedding"})
+        mlflow.log_dict(
+            {"class_names": result.class_names, "confusion_matrix": result.test.confusion_matrix}, "evaluation/test_report.json"
+        )
+        info = mlflow.xgboost.log_model(
+            result.booster,
+            name="model",
+            registered_model_name=tracking.registered_model_name,
+            metadata={"class_names": result.class_names, "input": "image_features.embedding"},
+        )
         version = str(info.registered_model_version)
         client.set_registered_model_alias(tracking.registered_model_name, CHALLENGER_ALIAS, version)
         for key, value in {"dagster.run_id": lineage.run_id, "git.commit": commit, "dgx.data_digest": data_digest}.items():
             if value:
                 client.set_model_version_tag(tracking.registered_model_name, version, key, value)
         say(f"registered {tracking.registered_model_name} version {version} as {CHALLENGER_ALIAS!r}")
-    return TrackedChallenger(run.info.run_id, run_url(tracking.tracking_uri, experiment_id, run.info.run_id),
-                             tracking.registered_model_name, version, data_digest, result, hardware)
+    return TrackedChallenger(
+        run.info.run_id,
+        run_url(tracking.tracking_uri, experiment_id, run.info.run_id),
+        tracking.registered_model_name,
+        version,
+        data_digest,
+        result,
+        hardware,
+    )
 
 
 def write_challenger_outputs(lake: Lake, tracked: TrackedChallenger, tracking_uri: str) -> str:

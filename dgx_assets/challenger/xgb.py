@@ -92,22 +92,29 @@ def embedding_frame(spark: Any, uris: list[str], index: FeatureIndex) -> Any:
     usable = frame.where((F.col("feature_status") == "ok") & F.col("embedding").isNotNull() & (F.size("embedding") > 0))
     missing = frame.where((F.col("feature_status") == "ok") & F.col("embedding").isNull()).limit(1).count()
     if missing:
-        raise FeatureDataError("image_features rows have no embedding (built with embedding: none): re-materialize "
-                               "image_features with embedding efficientnet_lite0 for the challenger")
+        raise FeatureDataError(
+            "image_features rows have no embedding (built with embedding: none): re-materialize "
+            "image_features with embedding efficientnet_lite0 for the challenger"
+        )
     names = F.array(*[F.lit(name) for name in index.class_names])
     weights = index.class_weights()
-    weight = F.element_at(F.array(*[F.lit(float(weights[i])) for i in range(len(index.class_names))]),
-                          F.array_position(names, F.col("label")).cast("int"))
+    weight = F.element_at(
+        F.array(*[F.lit(float(weights[i])) for i in range(len(index.class_names))]),
+        F.array_position(names, F.col("label")).cast("int"),
+    )
     return usable.select(
-        "sha256", "split", "embedding",
+        "sha256",
+        "split",
+        "embedding",
         (F.array_position(names, F.col("label")) - 1).cast("double").alias("label_index"),
         weight.alias("weight"),
         (F.col("split") == "validation").alias("is_validation"),
     )
 
 
-def train_challenger(spark: Any, files: FeatureFiles, uris: list[str], config: ChallengerConfig,
-                     log: Any = None) -> ChallengerResult:
+def train_challenger(
+    spark: Any, files: FeatureFiles, uris: list[str], config: ChallengerConfig, log: Any = None
+) -> ChallengerResult:
     """Fit on train (+ validation for early stopping) across the executors; evaluate on test."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
@@ -122,25 +129,39 @@ def train_challenger(spark: Any, files: FeatureFiles, uris: list[str], config: C
     fit_rows = frame.where(F.col("split").isin("train", "validation"))
     workers, device = _workers(spark, config), resolve_device(spark, config.device)
     params = {
-        "max_depth": config.max_depth, "n_estimators": config.n_estimators, "learning_rate": config.learning_rate,
-        "subsample": config.subsample, "colsample_bytree": config.colsample_bytree,
-        "early_stopping_rounds": config.early_stopping_rounds, "random_state": config.seed,
-        "tree_method": "hist", "device": device, "num_workers": workers,
+        "max_depth": config.max_depth,
+        "n_estimators": config.n_estimators,
+        "learning_rate": config.learning_rate,
+        "subsample": config.subsample,
+        "colsample_bytree": config.colsample_bytree,
+        "early_stopping_rounds": config.early_stopping_rounds,
+        "random_state": config.seed,
+        "tree_method": "hist",
+        "device": device,
+        "num_workers": workers,
     }
     classifier = SparkXGBClassifier(
-        features_col="embedding", label_col="label_index", weight_col="weight",
+        features_col="embedding",
+        label_col="label_index",
+        weight_col="weight",
         # The objective (binary or multi-class logistic) and its log-loss metric follow from the labels.
-        validation_indicator_col="is_validation", **params,
+        validation_indicator_col="is_validation",
+        **params,
     )
-    say(f"SparkXGBClassifier on {index.rows('train')} train / {index.rows('validation')} validation embeddings, "
-        f"{workers} workers on {device}")
+    say(
+        f"SparkXGBClassifier on {index.rows('train')} train / {index.rows('validation')} validation embeddings, "
+        f"{workers} workers on {device}"
+    )
     started = time.perf_counter()
     model = classifier.fit(fit_rows.repartition(workers))
     training_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
-    scored = (model.transform(frame.where(F.col("split") == "test"))
-              .select("label_index", vector_to_array("probability").alias("p")).collect())
+    scored = (
+        model.transform(frame.where(F.col("split") == "test"))
+        .select("label_index", vector_to_array("probability").alias("p"))
+        .collect()
+    )
     scoring_seconds = time.perf_counter() - started
     if not scored:
         raise FeatureDataError("the 'test' split of image_features has no usable embeddings")
@@ -149,14 +170,28 @@ def train_challenger(spark: Any, files: FeatureFiles, uris: list[str], config: C
     report = classification_report(labels, probabilities, list(index.class_names), index.label_counts("train"))
 
     booster = model.get_booster()
-    embeddings = np.array(frame.where(F.col("split") == "test").select("embedding")
-                          .limit(max(1, config.latency_images)).toPandas()["embedding"].tolist(), dtype=np.float32)
+    embeddings = np.array(
+        frame.where(F.col("split") == "test")
+        .select("embedding")
+        .limit(max(1, config.latency_images))
+        .toPandas()["embedding"]
+        .tolist(),
+        dtype=np.float32,
+    )
     best = booster.attr("best_iteration")
     return ChallengerResult(
-        booster=booster, class_names=list(index.class_names), test=report, params=params, split_counts=index.counts,
-        embedding_dims=int(embeddings.shape[1]), num_workers=workers, device=device,
-        best_iteration=int(best) if best is not None else None, training_seconds=training_seconds,
-        inference_ms_per_image=booster_latency_ms(booster, embeddings), spark_scoring_seconds=scoring_seconds,
+        booster=booster,
+        class_names=list(index.class_names),
+        test=report,
+        params=params,
+        split_counts=index.counts,
+        embedding_dims=int(embeddings.shape[1]),
+        num_workers=workers,
+        device=device,
+        best_iteration=int(best) if best is not None else None,
+        training_seconds=training_seconds,
+        inference_ms_per_image=booster_latency_ms(booster, embeddings),
+        spark_scoring_seconds=scoring_seconds,
     )
 
 

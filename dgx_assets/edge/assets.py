@@ -23,8 +23,9 @@ EDGE_OWNERS = ["team:ml-platform"]
         "model's MLflow run."
     ),
 )
-def edge_model(context: dg.AssetExecutionContext, config: EdgeModelConfig, lake: LakeResource,
-               mlflow: MlflowResource) -> dg.MaterializeResult:
+def edge_model(
+    context: dg.AssetExecutionContext, config: EdgeModelConfig, lake: LakeResource, mlflow: MlflowResource
+) -> dg.MaterializeResult:
     from dgx_assets.edge.build import build_edge_model
 
     try:
@@ -33,8 +34,9 @@ def edge_model(context: dg.AssetExecutionContext, config: EdgeModelConfig, lake:
         raise dg.Failure(description=str(error)) from error
     report, spec = result.report, result.spec
     run_url = result.info.get("mlflow_run_url")
-    version_url = links.mlflow_model_version(mlflow.resolved_ui_url, result.info["registered_model_name"],
-                                             str(result.info["model_version"]))
+    version_url = links.mlflow_model_version(
+        mlflow.resolved_ui_url, result.info["registered_model_name"], str(result.info["model_version"])
+    )
     return dg.MaterializeResult(
         metadata={
             **({"mlflow_run": dg.MetadataValue.url(run_url)} if run_url else {}),

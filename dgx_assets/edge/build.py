@@ -142,16 +142,18 @@ def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig)
 
     feature_files, feature_source = _feature_files(lake, trained.info)
     test_filter = (pads.field("split") == "test") & (pads.field("feature_status") == "ok")
-    features = _dataset(lake, feature_files).to_table(
-        columns=["sha256", "label", "tensor", "tensor_shape"], filter=test_filter).to_pylist()
+    features = (
+        _dataset(lake, feature_files)
+        .to_table(columns=["sha256", "label", "tensor", "tensor_shape"], filter=test_filter)
+        .to_pylist()
+    )
     features = list({row["sha256"]: row for row in sorted(features, key=lambda r: r["sha256"])}.values())
     if settings.max_test_images:
         features = features[: settings.max_test_images]
 
     wanted = set(calibration_ids) | {row["sha256"] for row in features}
     contents = {}
-    for row in raw.to_table(columns=["sha256", "content"],
-                            filter=valid & pads.field("sha256").isin(sorted(wanted))).to_pylist():
+    for row in raw.to_table(columns=["sha256", "content"], filter=valid & pads.field("sha256").isin(sorted(wanted))).to_pylist():
         contents.setdefault(row["sha256"], row["content"])
 
     height, width, channels = trained.input_shape
@@ -183,12 +185,21 @@ def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig)
         test_features.append(np.frombuffer(row["tensor"], np.uint8).reshape(height, width, channels))
         test_labels.append(trained.class_names.index(row["label"]))
     if not test_raw:
-        raise EdgeBuildError(f"no test image is in both raw_images and image_features ({dict(skipped)} skipped): "
-                             "materialize image_features for the ingested batches")
+        raise EdgeBuildError(
+            f"no test image is in both raw_images and image_features ({dict(skipped)} skipped): "
+            "materialize image_features for the ingested batches"
+        )
     if settings.quantization == "int8" and not representative:
         raise EdgeBuildError(f"no valid {settings.representative_split!r} images in raw_images to calibrate int8 on")
-    return EdgeData(raw_size, representative, np.stack(test_raw), np.stack(test_features),
-                    np.asarray(test_labels), feature_source, dict(skipped))
+    return EdgeData(
+        raw_size,
+        representative,
+        np.stack(test_raw),
+        np.stack(test_features),
+        np.asarray(test_labels),
+        feature_source,
+        dict(skipped),
+    )
 
 
 def _upload_tree(lake: Lake, local_dir: Path, target_uri: str) -> None:
@@ -210,41 +221,72 @@ def log_to_mlflow(tracking_uri: str, run_id: str, local_dir: Path, report: parit
     client.set_tag(run_id, "dgx.edge_model.quantization", report.quantization)
 
 
-def build_edge_model(lake: Lake, settings: EdgeModelConfig, tracking_uri: str | None = None,
-                     log=lambda message: None) -> EdgeBuildResult:
+def build_edge_model(
+    lake: Lake, settings: EdgeModelConfig, tracking_uri: str | None = None, log=lambda message: None
+) -> EdgeBuildResult:
     with tempfile.TemporaryDirectory(prefix="edge-model-") as tmp:
         workdir = Path(tmp)
         trained = load_trained_model(lake, workdir)
         data = load_edge_data(lake, trained, settings)
         config = convert.EdgeConversionConfig(
             **settings.model_dump(include=set(convert.ConversionSettings.model_fields)),
-            raw_height=data.raw_size[0], raw_width=data.raw_size[1])
-        log(f"Converting trained_model {trained.input_shape} to {settings.quantization} TFLite, raw input "
-            f"{data.raw_size[0]}x{data.raw_size[1]}, {len(data.representative)} calibration images")
+            raw_height=data.raw_size[0],
+            raw_width=data.raw_size[1],
+        )
+        log(
+            f"Converting trained_model {trained.input_shape} to {settings.quantization} TFLite, raw input "
+            f"{data.raw_size[0]}x{data.raw_size[1]}, {len(data.representative)} calibration images"
+        )
         tflite_model = convert.convert_to_tflite(trained.model, config, data.representative)
         spec = convert.describe_tflite(tflite_model, trained.class_names, config, trained.input_shape)
         report, keras_predictions, edge_predictions = parity.measure_parity(
-            tflite_model, trained.model, raw_images=data.test_raw, keras_inputs=data.test_features,
-            labels=data.test_labels, keras_size_bytes=trained.size_bytes, quantization=settings.quantization,
-            latency_images=settings.latency_images, num_threads=settings.num_threads)
-        log(f"Parity on {report.images} test images: agreement {report.top1_agreement:.2%}, "
-            f"accuracy {report.tflite_accuracy:.2%} (Keras {report.keras_accuracy:.2%})")
+            tflite_model,
+            trained.model,
+            raw_images=data.test_raw,
+            keras_inputs=data.test_features,
+            labels=data.test_labels,
+            keras_size_bytes=trained.size_bytes,
+            quantization=settings.quantization,
+            latency_images=settings.latency_images,
+            num_threads=settings.num_threads,
+        )
+        log(
+            f"Parity on {report.images} test images: agreement {report.top1_agreement:.2%}, "
+            f"accuracy {report.tflite_accuracy:.2%} (Keras {report.keras_accuracy:.2%})"
+        )
 
         out = workdir / "edge_model"
         out.mkdir()
         (out / MODEL_FILE).write_bytes(tflite_model)
         provenance = {key: trained.info.get(key) for key in _INFO_KEYS}
-        contract = {**spec.to_dict(), "raw_height": data.raw_size[0], "raw_width": data.raw_size[1],
-                    "input_scale": settings.input_scale, "trained_model": provenance}
+        contract = {
+            **spec.to_dict(),
+            "raw_height": data.raw_size[0],
+            "raw_width": data.raw_size[1],
+            "input_scale": settings.input_scale,
+            "trained_model": provenance,
+        }
         (out / CONTRACT_FILE).write_text(json.dumps(contract, indent=2))
-        (out / "parity.json").write_text(json.dumps({
-            "report": report.to_dict(), "trained_model": provenance,
-            "trained_model_test_metrics": trained.info.get("test_metrics"),
-            "feature_source": data.feature_source, "skipped": data.skipped}, indent=2))
+        (out / "parity.json").write_text(
+            json.dumps(
+                {
+                    "report": report.to_dict(),
+                    "trained_model": provenance,
+                    "trained_model_test_metrics": trained.info.get("test_metrics"),
+                    "feature_source": data.feature_source,
+                    "skipped": data.skipped,
+                },
+                indent=2,
+            )
+        )
         (out / "parity.png").write_bytes(parity.parity_figure(keras_predictions, edge_predictions, trained.class_names))
         export = triton.export_triton_repository(
-            trained.model, out / "triton", settings.triton_model_name, class_names=trained.class_names,
-            max_batch_size=settings.triton_max_batch_size)
+            trained.model,
+            out / "triton",
+            settings.triton_model_name,
+            class_names=trained.class_names,
+            max_batch_size=settings.triton_max_batch_size,
+        )
 
         # A hidden sibling of <lake>/edge_model: Lake.staging_uri(asset) without a partition lies inside the
         # asset folder, which commit() cannot swap in.
@@ -254,8 +296,7 @@ def build_edge_model(lake: Lake, settings: EdgeModelConfig, tracking_uri: str | 
         run_id = trained.info.get("mlflow_run_id")
         if tracking_uri and run_id:
             log_to_mlflow(tracking_uri, run_id, out, report, final)
-        return EdgeBuildResult(final, spec, report, data, trained.info, export.config_text,
-                               run_id if tracking_uri else None)
+        return EdgeBuildResult(final, spec, report, data, trained.info, export.config_text, run_id if tracking_uri else None)
 
 
 def read_parity(lake: Lake) -> dict:

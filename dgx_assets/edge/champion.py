@@ -6,7 +6,6 @@ must have passed on their latest materializations. Its materialization is the al
 each gate are tagged on the model version and its training run (edge/promotion.py).
 """
 
-
 import dagster as dg
 
 from dgx_assets import links
@@ -17,14 +16,16 @@ from dgx_assets.resources import LakeResource, MlflowResource
 GATED_ASSETS = (dg.AssetKey("trained_model"), dg.AssetKey("edge_model"))
 
 
-def blocking_check_keys(context: dg.AssetExecutionContext, asset_key: dg.AssetKey,
-                        materialization_run_id: str) -> list[dg.AssetCheckKey]:
+def blocking_check_keys(
+    context: dg.AssetExecutionContext, asset_key: dg.AssetKey, materialization_run_id: str
+) -> list[dg.AssetCheckKey]:
     """The asset's blocking checks: those of the run's asset graph, plus any blocking one evaluated in the run
     that materialized it (a run of champion_model alone may hold fewer checks than the code location)."""
     graph = context.job_def.asset_layer.asset_graph
     keys = {key for key in graph.get_check_keys_for_assets({asset_key}) if graph.get_check_spec(key).blocking}
     records = context.instance.get_records_for_run(
-        materialization_run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
+        materialization_run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
     for record in records:
         evaluation = record.event_log_entry.asset_check_evaluation
         if evaluation and evaluation.asset_key == asset_key and evaluation.blocking:
@@ -80,15 +81,21 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
     gates = [blocking_checks_gate(context, key) for key in GATED_ASSETS]
     try:
         outcome = promote_if_gates_pass(
-            mlflow.resolved_tracking_uri, trained["registered_model_name"], trained["model_version"], gates,
-            run_id=trained.get("mlflow_run_id"), dagster_run_id=context.run_id,
+            mlflow.resolved_tracking_uri,
+            trained["registered_model_name"],
+            trained["model_version"],
+            gates,
+            run_id=trained.get("mlflow_run_id"),
+            dagster_run_id=context.run_id,
         )
     except ValueError as error:  # the registered version is gone
         raise dg.Failure(description=f"cannot promote: {error}. To fix: re-materialize trained_model and edge_model") from error
     if not outcome.promoted:
         raise dg.Failure(
-            description=("not promoted: " + "; ".join(outcome.reasons) + ". To fix: make the failing checks pass "
-                         "(re-materialize the asset they check), then materialize champion_model"),
+            description=(
+                "not promoted: " + "; ".join(outcome.reasons) + ". To fix: make the failing checks pass "
+                "(re-materialize the asset they check), then materialize champion_model"
+            ),
             metadata={"model_version": f"{outcome.model_name} v{outcome.version}"},
         )
     context.log.info(f"{outcome.model_name} v{outcome.version} -> {outcome.alias}")
@@ -99,6 +106,7 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
             "previous_champion": str(outcome.previous_champion or "none"),
             "gates": dg.MetadataValue.md("\n".join(f"- {gate.name}: {gate.detail}" for gate in gates)),
             "mlflow_model_version": dg.MetadataValue.url(
-                links.mlflow_model_version(mlflow.resolved_ui_url, outcome.model_name, outcome.version)),
+                links.mlflow_model_version(mlflow.resolved_ui_url, outcome.model_name, outcome.version)
+            ),
         }
     )

@@ -29,8 +29,11 @@ def edge_model_parity(config: ParityGateConfig, lake: LakeResource) -> dg.AssetC
     return dg.AssetCheckResult(
         passed=gate.passed,
         severity=dg.AssetCheckSeverity.ERROR,
-        description=("; ".join(gate.reasons) + ". To fix: set `quantization: float16` in edge_model's config or train "
-                     "trained_model longer, then re-materialize edge_model") if not gate.passed
+        description=(
+            "; ".join(gate.reasons) + ". To fix: set `quantization: float16` in edge_model's config or train "
+            "trained_model longer, then re-materialize edge_model"
+        )
+        if not gate.passed
         else "edge model agrees with trained_model",
         metadata={
             "top1_agreement": number(report.top1_agreement),

@@ -23,10 +23,12 @@ REGISTERED_MODEL = "dgx_defect_classifier"  # MlflowResource's default registere
 
 def register(subparsers) -> None:
     run = subparsers.add_parser(
-        "edge-run", help="classify images with the edge model (LiteRT): a folder, or over HTTP",
+        "edge-run",
+        help="classify images with the edge model (LiteRT): a folder, or over HTTP",
         description="Load <model-dir>/model.tflite with LiteRT and its contract edge_model.json, then classify "
-                    "every image in --images DIR (one JSON line per file), or serve POST /v1/classify (the image "
-                    "bytes as the body) and GET /healthz with --serve.")
+        "every image in --images DIR (one JSON line per file), or serve POST /v1/classify (the image "
+        "bytes as the body) and GET /healthz with --serve.",
+    )
     run.add_argument("--model-dir", required=True, help="folder with model.tflite and edge_model.json")
     mode = run.add_mutually_exclusive_group(required=True)
     mode.add_argument("--images", help="classify the image files in this folder and exit")
@@ -41,9 +43,11 @@ def register(subparsers) -> None:
     run.set_defaults(handler=run_edge)
 
     fetch = subparsers.add_parser(
-        "edge-fetch", help="download a registered version's edge model from MLflow into a folder",
+        "edge-fetch",
+        help="download a registered version's edge model from MLflow into a folder",
         description="Resolve a registered model version (by number or alias) in the MLflow registry and download "
-                    "the edge model edge_model logged on its run: model.tflite, edge_model.json, source.json.")
+        "the edge model edge_model logged on its run: model.tflite, edge_model.json, source.json.",
+    )
     fetch.add_argument("--model-name", default=REGISTERED_MODEL)
     which = fetch.add_mutually_exclusive_group(required=True)
     which.add_argument("--version")
@@ -53,18 +57,22 @@ def register(subparsers) -> None:
     fetch.set_defaults(handler=run_fetch)
 
     manifest = subparsers.add_parser(
-        "edge-manifest", help="write the KubeEdge Deployment of the champion (or a given version)",
+        "edge-manifest",
+        help="write the KubeEdge Deployment of the champion (or a given version)",
         description="Write a Deployment for KubeEdge edge nodes that fetches one registered version's edge model "
-                    "and serves it with `edge-run`. Without --version, the version the champion alias points at.")
+        "and serves it with `edge-run`. Without --version, the version the champion alias points at.",
+    )
     manifest.add_argument("--model-name", default=REGISTERED_MODEL)
     manifest.add_argument("--version", default=None)
     manifest.add_argument("--out", default="edge-deployment.yaml")
     manifest.add_argument("--namespace", default="dgx-assets")
     manifest.add_argument("--image", default=None, help="edge runtime image (default dgx-assets/edge-runtime:0.1.0)")
-    manifest.add_argument("--pod-tracking-uri", default=None,
-                          help="MLflow address as the edge nodes reach it (default: the in-cluster service)")
-    manifest.add_argument("--tracking-uri", default=None,
-                          help="registry to look the champion up in (default: MLFLOW_TRACKING_URI)")
+    manifest.add_argument(
+        "--pod-tracking-uri", default=None, help="MLflow address as the edge nodes reach it (default: the in-cluster service)"
+    )
+    manifest.add_argument(
+        "--tracking-uri", default=None, help="registry to look the champion up in (default: MLFLOW_TRACKING_URI)"
+    )
     manifest.set_defaults(handler=run_manifest)
 
 
@@ -87,8 +95,14 @@ def run_edge(args) -> int:
     except EdgeRuntimeError as error:
         print(f"edge-run: {error}", file=sys.stderr)
         return 2
-    server = make_server(classifier, args.host, args.port, max_body_bytes=args.max_body_bytes,
-                         max_in_flight=args.max_in_flight, socket_timeout_s=args.socket_timeout)
+    server = make_server(
+        classifier,
+        args.host,
+        args.port,
+        max_body_bytes=args.max_body_bytes,
+        max_in_flight=args.max_in_flight,
+        socket_timeout_s=args.socket_timeout,
+    )
     # SIGTERM (Kubernetes stopping the pod) ends serving as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     host, port = server.server_address[:2]
@@ -129,8 +143,13 @@ def run_manifest(args) -> int:
 
     try:
         version = args.version or champion_version(_tracking_uri(args.tracking_uri), args.model_name)
-        deployment = edge_deployment(args.model_name, version, namespace=args.namespace, image=args.image or EDGE_IMAGE,
-                                     tracking_uri=args.pod_tracking_uri or DEFAULT_TRACKING_URI)
+        deployment = edge_deployment(
+            args.model_name,
+            version,
+            namespace=args.namespace,
+            image=args.image or EDGE_IMAGE,
+            tracking_uri=args.pod_tracking_uri or DEFAULT_TRACKING_URI,
+        )
     except ValueError as error:
         print(f"edge-manifest: {error}", file=sys.stderr)
         return 2

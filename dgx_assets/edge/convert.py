@@ -272,8 +272,9 @@ def convert_to_tflite(
         return converter.convert()
 
 
-def describe_tflite(tflite_model: bytes, class_names: Sequence[str], config: EdgeConversionConfig,
-                    model_input: Sequence[int]) -> EdgeModelSpec:
+def describe_tflite(
+    tflite_model: bytes, class_names: Sequence[str], config: EdgeConversionConfig, model_input: Sequence[int]
+) -> EdgeModelSpec:
     """Read the converted model's real interface and check it honours the edge contract."""
     from ai_edge_litert.interpreter import Interpreter
 
@@ -288,8 +289,9 @@ def describe_tflite(tflite_model: bytes, class_names: Sequence[str], config: Edg
         raise ValueError(f"edge input must be uint8 pixels, the converted model takes {input_detail['dtype']}")
     scale, zero_point = input_detail["quantization"]
     if config.quantization == "int8" and (scale, zero_point) != (1.0, 0):
-        raise ValueError(f"int8 input quantisation is scale={scale}, zero_point={zero_point}; "
-                         "raw pixels would need rescaling on the device")
+        raise ValueError(
+            f"int8 input quantisation is scale={scale}, zero_point={zero_point}; raw pixels would need rescaling on the device"
+        )
     if len(class_names) != int(output_detail["shape"][-1]):
         raise ValueError(f"{len(class_names)} class names for a model with {output_detail['shape'][-1]} outputs")
     return EdgeModelSpec(

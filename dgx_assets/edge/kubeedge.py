@@ -43,16 +43,19 @@ def edge_deployment(
     if not str(version).isdigit():
         raise ValueError(f"pin a registered version number, not {version!r} (aliases move; devices must not)")
     version = str(version)
-    labels = {"app.kubernetes.io/name": EDGE_APP, "app.kubernetes.io/part-of": "dgx-assets",
-              "dgx-assets/model-version": version}
+    labels = {"app.kubernetes.io/name": EDGE_APP, "app.kubernetes.io/part-of": "dgx-assets", "dgx-assets/model-version": version}
     resources = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": cpu, "memory": memory}}
     mounts = [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}]
     probe = {"httpGet": {"path": "/healthz", "port": "http"}}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": EDGE_APP, "namespace": namespace, "labels": labels,
-                     "annotations": {"dgx-assets/registered-model": f"{model_name}/{version}"}},
+        "metadata": {
+            "name": EDGE_APP,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {"dgx-assets/registered-model": f"{model_name}/{version}"},
+        },
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app.kubernetes.io/name": EDGE_APP}},
@@ -62,42 +65,71 @@ def edge_deployment(
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": EDGE_USER, "runAsGroup": EDGE_USER,
-                                        "fsGroup": EDGE_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": EDGE_USER,
+                        "runAsGroup": EDGE_USER,
+                        "fsGroup": EDGE_USER,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "nodeSelector": {EDGE_ROLE_LABEL: ""},
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchExpressions": [{"key": EDGE_ROLE_LABEL, "operator": "Exists"}]}]}}},
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [{"key": EDGE_ROLE_LABEL, "operator": "Exists"}]}]
+                            }
+                        }
+                    },
                     "tolerations": [{"key": EDGE_ROLE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-                    "initContainers": [{
-                        "name": "fetch-model",
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["dgx-assets", "edge-fetch"],
-                        "args": ["--model-name", model_name, "--version", version, "--out", MODEL_DIR],
-                        "env": [{"name": "MLFLOW_TRACKING_URI", "value": tracking_uri},
-                                {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"}],
-                        "resources": resources,
-                        "securityContext": _container_security(),
-                        "volumeMounts": mounts,
-                    }],
-                    "containers": [{
-                        "name": "edge-runtime",
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["dgx-assets", "edge-run"],
-                        # 0.0.0.0 inside the pod: edgecore's probes and local clients reach it on the pod IP.
-                        "args": ["--model-dir", MODEL_DIR, "--serve", "--host", "0.0.0.0", "--port", str(port),
-                                 "--threads", str(threads)],
-                        "ports": [{"name": "http", "containerPort": port}],
-                        "resources": resources,
-                        "readinessProbe": probe | {"periodSeconds": 10},
-                        "livenessProbe": probe | {"periodSeconds": 20, "failureThreshold": 3},
-                        "securityContext": _container_security(),
-                        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                                         {"name": "tmp", "mountPath": "/tmp"}],
-                    }],
-                    "volumes": [{"name": "models", "emptyDir": {"sizeLimit": "256Mi"}},
-                                {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    "initContainers": [
+                        {
+                            "name": "fetch-model",
+                            "image": image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["dgx-assets", "edge-fetch"],
+                            "args": ["--model-name", model_name, "--version", version, "--out", MODEL_DIR],
+                            "env": [
+                                {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri},
+                                {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"},
+                            ],
+                            "resources": resources,
+                            "securityContext": _container_security(),
+                            "volumeMounts": mounts,
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "edge-runtime",
+                            "image": image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["dgx-assets", "edge-run"],
+                            # 0.0.0.0 inside the pod: edgecore's probes and local clients reach it on the pod IP.
+                            "args": [
+                                "--model-dir",
+                                MODEL_DIR,
+                                "--serve",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                str(port),
+                                "--threads",
+                                str(threads),
+                            ],
+                            "ports": [{"name": "http", "containerPort": port}],
+                            "resources": resources,
+                            "readinessProbe": probe | {"periodSeconds": 10},
+                            "livenessProbe": probe | {"periodSeconds": 20, "failureThreshold": 3},
+                            "securityContext": _container_security(),
+                            "volumeMounts": [
+                                {"name": "models", "mountPath": "/models", "readOnly": True},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "models", "emptyDir": {"sizeLimit": "256Mi"}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    ],
                 },
             },
         },
@@ -106,8 +138,7 @@ def edge_deployment(
 
 def render(deployment: dict[str, Any]) -> str:
     version = deployment["metadata"]["annotations"]["dgx-assets/registered-model"]
-    header = (f"# Generated by `dgx-assets edge-manifest` for {version}; apply with\n"
-              "#   kubectl apply -f edge-deployment.yaml\n")
+    header = f"# Generated by `dgx-assets edge-manifest` for {version}; apply with\n#   kubectl apply -f edge-deployment.yaml\n"
     return header + yaml.safe_dump(deployment, sort_keys=False)
 
 
@@ -119,5 +150,7 @@ def champion_version(tracking_uri: str, model_name: str, alias: str = "champion"
     try:
         return str(MlflowClient(tracking_uri).get_model_version_by_alias(model_name, alias).version)
     except MlflowException as error:
-        raise ValueError(f"registered model {model_name!r} has no {alias!r} version at {tracking_uri}: promote one "
-                         "(champion_model) or pass --version") from error
+        raise ValueError(
+            f"registered model {model_name!r} has no {alias!r} version at {tracking_uri}: promote one "
+            "(champion_model) or pass --version"
+        ) from error

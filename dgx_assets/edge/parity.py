@@ -89,8 +89,7 @@ def keras_predict(model, inputs: np.ndarray, latency_images: int) -> Predictions
     inputs = np.asarray(inputs, dtype=np.float32)
     probabilities = np.asarray(model.predict(inputs, batch_size=64, verbose=0), dtype=np.float32)
     # A compiled single-image call is what a Keras server does per request; eager calls would flatter TFLite.
-    single = tf.function(lambda x: model(x, training=False),
-                         input_signature=[tf.TensorSpec([1, *inputs.shape[1:]], tf.float32)])
+    single = tf.function(lambda x: model(x, training=False), input_signature=[tf.TensorSpec([1, *inputs.shape[1:]], tf.float32)])
     single(inputs[:1])
     latencies = []
     for image in inputs[:latency_images]:
@@ -112,8 +111,10 @@ def compare(
     """The parity figures from two sets of predictions on the same images (same order)."""
     labels = np.asarray(labels)
     if not (len(labels) == len(keras.probabilities) == len(edge.probabilities)):
-        raise ValueError(f"{len(labels)} labels, {len(keras.probabilities)} Keras and "
-                         f"{len(edge.probabilities)} TFLite predictions: they must cover the same images")
+        raise ValueError(
+            f"{len(labels)} labels, {len(keras.probabilities)} Keras and "
+            f"{len(edge.probabilities)} TFLite predictions: they must cover the same images"
+        )
     if len(labels) == 0:
         raise ValueError("no test images to compare on")
     keras_top1 = keras.probabilities.argmax(axis=1)
@@ -159,8 +160,9 @@ def measure_parity(
         raise ValueError(f"{len(raw_images)} raw images but {len(keras_inputs)} Keras inputs")
     edge = tflite_predict(tflite_model, raw_images, num_threads=num_threads)
     keras = keras_predict(keras_model, keras_inputs, latency_images=min(latency_images, len(keras_inputs)))
-    report = compare(keras, edge, labels, quantization=quantization,
-                     keras_size_bytes=keras_size_bytes, tflite_size_bytes=len(tflite_model))
+    report = compare(
+        keras, edge, labels, quantization=quantization, keras_size_bytes=keras_size_bytes, tflite_size_bytes=len(tflite_model)
+    )
     return report, keras, edge
 
 
@@ -172,14 +174,17 @@ def evaluate_gate(report: ParityReport, min_agreement: float = 0.99, max_accurac
         raise ValueError(f"max_accuracy_drop must be >= 0, got {max_accuracy_drop}")
     reasons = []
     if report.top1_agreement + _EPSILON < min_agreement:
-        reasons.append(f"top-1 agreement {report.top1_agreement:.2%} is below {min_agreement:.2%} "
-                       f"({report.disagreements} of {report.images} test images disagree)")
+        reasons.append(
+            f"top-1 agreement {report.top1_agreement:.2%} is below {min_agreement:.2%} "
+            f"({report.disagreements} of {report.images} test images disagree)"
+        )
     drop = report.keras_accuracy - report.tflite_accuracy
     if drop > max_accuracy_drop + _EPSILON:
-        reasons.append(f"TFLite accuracy {report.tflite_accuracy:.2%} is {drop * 100:.2f} points below Keras "
-                       f"{report.keras_accuracy:.2%} (allowed: {max_accuracy_drop * 100:.2f})")
-    return GateResult(passed=not reasons, min_agreement=min_agreement,
-                      max_accuracy_drop=max_accuracy_drop, reasons=reasons)
+        reasons.append(
+            f"TFLite accuracy {report.tflite_accuracy:.2%} is {drop * 100:.2f} points below Keras "
+            f"{report.keras_accuracy:.2%} (allowed: {max_accuracy_drop * 100:.2f})"
+        )
+    return GateResult(passed=not reasons, min_agreement=min_agreement, max_accuracy_drop=max_accuracy_drop, reasons=reasons)
 
 
 def parity_figure(keras: Predictions, edge: Predictions, class_names: Sequence[str]) -> bytes:
@@ -194,8 +199,9 @@ def parity_figure(keras: Predictions, edge: Predictions, class_names: Sequence[s
     for index, name in enumerate(class_names):
         scatter.scatter(keras.probabilities[:, index], edge.probabilities[:, index], s=10, alpha=0.6, label=name)
     scatter.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
-    scatter.set(xlabel="Keras probability", ylabel="TFLite probability", title="Probabilities, test images",
-                xlim=(0, 1), ylim=(0, 1))
+    scatter.set(
+        xlabel="Keras probability", ylabel="TFLite probability", title="Probabilities, test images", xlim=(0, 1), ylim=(0, 1)
+    )
     scatter.legend(loc="upper left", fontsize=8)
     timed = len(keras.latencies_s)
     latency.boxplot([keras.latencies_s * 1000, edge.latencies_s[:timed] * 1000], tick_labels=["Keras", "TFLite"])

@@ -57,8 +57,9 @@ class EdgeClassifier:
         model_path, contract_path = folder / MODEL_FILE, folder / CONTRACT_FILE
         for path in (model_path, contract_path):
             if not path.is_file():
-                raise EdgeRuntimeError(f"{path} is missing: point --model-dir at a folder from `dgx-assets edge-fetch` "
-                                       "or <lake>/edge_model")
+                raise EdgeRuntimeError(
+                    f"{path} is missing: point --model-dir at a folder from `dgx-assets edge-fetch` or <lake>/edge_model"
+                )
         try:
             self.contract = json.loads(contract_path.read_text())
             self.class_names = [str(name) for name in self.contract["class_names"]]
@@ -112,8 +113,9 @@ def classify_folder(classifier: EdgeClassifier, folder: str | os.PathLike, limit
     return results
 
 
-def fetch_edge_model(tracking_uri: str, model_name: str, out_dir: str | os.PathLike, version: str | None = None,
-                     alias: str | None = None) -> dict[str, str]:
+def fetch_edge_model(
+    tracking_uri: str, model_name: str, out_dir: str | os.PathLike, version: str | None = None, alias: str | None = None
+) -> dict[str, str]:
     """Download the edge model of a registered version (by number, or the version an alias points at) from
     its MLflow run into ``out_dir``, and record where it came from in ``source.json``."""
     from mlflow import MlflowClient
@@ -126,23 +128,23 @@ def fetch_edge_model(tracking_uri: str, model_name: str, out_dir: str | os.PathL
     try:
         found = client.get_model_version(model_name, version) if version else client.get_model_version_by_alias(model_name, alias)
     except MlflowException as error:
-        raise EdgeRuntimeError(f"no version {version or alias!r} of registered model {model_name!r} at {tracking_uri}: "
-                               f"{error.message}") from error
+        raise EdgeRuntimeError(
+            f"no version {version or alias!r} of registered model {model_name!r} at {tracking_uri}: {error.message}"
+        ) from error
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        download_artifacts(run_id=found.run_id, artifact_path=MLFLOW_ARTIFACT_DIR, dst_path=str(out),
-                           tracking_uri=tracking_uri)
+        download_artifacts(run_id=found.run_id, artifact_path=MLFLOW_ARTIFACT_DIR, dst_path=str(out), tracking_uri=tracking_uri)
     except (MlflowException, OSError) as error:
-        raise EdgeRuntimeError(f"{model_name} v{found.version} (run {found.run_id}) has no edge model: "
-                               f"materialize edge_model for it ({error})") from error
+        raise EdgeRuntimeError(
+            f"{model_name} v{found.version} (run {found.run_id}) has no edge model: materialize edge_model for it ({error})"
+        ) from error
     downloaded = out / MLFLOW_ARTIFACT_DIR
     for name in (MODEL_FILE, CONTRACT_FILE):
         if not (downloaded / name).is_file():
             raise EdgeRuntimeError(f"{model_name} v{found.version} (run {found.run_id}) has no {MLFLOW_ARTIFACT_DIR}/{name}")
         os.replace(downloaded / name, out / name)
-    source = {"model_name": model_name, "version": str(found.version), "run_id": found.run_id,
-              "tracking_uri": tracking_uri}
+    source = {"model_name": model_name, "version": str(found.version), "run_id": found.run_id, "tracking_uri": tracking_uri}
     (out / SOURCE_FILE).write_text(json.dumps(source, indent=2))
     return source
 
@@ -151,8 +153,14 @@ def fetch_edge_model(tracking_uri: str, model_name: str, out_dir: str | os.PathL
 class EdgeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], classifier: EdgeClassifier, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 max_in_flight: int = 4, socket_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        classifier: EdgeClassifier,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_in_flight: int = 4,
+        socket_timeout_s: float = 10.0,
+    ):
         self.classifier = classifier
         self.max_body_bytes = max_body_bytes
         self.socket_timeout_s = socket_timeout_s
@@ -193,8 +201,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/healthz":
             c = self.server.classifier
-            self._reply(HTTPStatus.OK, {"status": "ok", "class_names": c.class_names,
-                                        "input": [c.raw_height, c.raw_width, c.channels], "source": c.source})
+            self._reply(
+                HTTPStatus.OK,
+                {
+                    "status": "ok",
+                    "class_names": c.class_names,
+                    "input": [c.raw_height, c.raw_width, c.channels],
+                    "source": c.source,
+                },
+            )
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}: use GET /healthz or POST /v1/classify")
 
@@ -205,8 +220,11 @@ class _Handler(BaseHTTPRequestHandler):
         if length is None or not length.isdigit():
             return self._error(HTTPStatus.LENGTH_REQUIRED, "send the image bytes with a Content-Length", close=True)
         if int(length) > self.server.max_body_bytes:
-            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"body of {length} bytes is over the {self.server.max_body_bytes}-byte limit", close=True)
+            return self._error(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"body of {length} bytes is over the {self.server.max_body_bytes}-byte limit",
+                close=True,
+            )
         if not self.server.slots.acquire(blocking=False):
             self.rfile.read(int(length))
             return self._error(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many requests in flight, retry")

@@ -57,8 +57,9 @@ def savedmodel_signature(savedmodel_dir: str | Path, signature_key: str = SIGNAT
 
     loaded = tf.saved_model.load(str(savedmodel_dir))
     if signature_key not in loaded.signatures:
-        raise ValueError(f"SavedModel at {savedmodel_dir} has no signature {signature_key!r} "
-                         f"(it has {sorted(loaded.signatures)})")
+        raise ValueError(
+            f"SavedModel at {savedmodel_dir} has no signature {signature_key!r} (it has {sorted(loaded.signatures)})"
+        )
     function = loaded.signatures[signature_key]
     _, input_specs = function.structured_input_signature
     output_specs = function.structured_outputs
@@ -75,8 +76,10 @@ def _tensor_block(tensor: TensorSignature, max_batch_size: int, label_filename: 
     shape = tensor.shape
     if max_batch_size > 0:
         if not shape or shape[0] is not None:
-            raise ValueError(f"max_batch_size={max_batch_size} needs a variable batch dimension, but "
-                             f"{tensor.name!r} is shaped {shape}; use max_batch_size 0")
+            raise ValueError(
+                f"max_batch_size={max_batch_size} needs a variable batch dimension, but "
+                f"{tensor.name!r} is shaped {shape}; use max_batch_size 0"
+            )
         shape = shape[1:]
     dims = ", ".join(str(-1 if dim is None else dim) for dim in shape)
     lines = [f'    name: "{tensor.name}"', f"    data_type: {_TRITON_DTYPES[tensor.dtype]}", f"    dims: [ {dims} ]"]

@@ -75,8 +75,10 @@ def ernie_generated_images(
     except ValueError as error:
         raise dg.Failure(str(error)) from error
     except Exception as error:  # Spark's AnalysisException for a missing path, and kin
-        raise dg.Failure(f"Could not read the prompts table {prompts_uri}: {str(error).splitlines()[0]}. "
-                         "Set DGX_PROMPTS_URI or run `dgx-assets seed-demo`.") from error
+        raise dg.Failure(
+            f"Could not read the prompts table {prompts_uri}: {str(error).splitlines()[0]}. "
+            "Set DGX_PROMPTS_URI or run `dgx-assets seed-demo`."
+        ) from error
     if prompt_count == 0:
         raise dg.Failure(f"The prompts table {prompts_uri} has no rows.")
 
@@ -86,15 +88,23 @@ def ernie_generated_images(
 
     todo, kept = generate.split_work(prompts, previous)
     pending = todo.count()
-    context.log.info(f"{pending} of {prompt_count} prompts to generate from {prompts_uri}; "
-                     f"{prompt_count - pending} kept from the previous version")
+    context.log.info(
+        f"{pending} of {prompt_count} prompts to generate from {prompts_uri}; "
+        f"{prompt_count - pending} kept from the previous version"
+    )
     # No server is launched (or called) when every prompt already has its image.
     serving = ernie.serving(context.log) if pending else contextlib.nullcontext(())
     with serving as urls:
         job = generate.GenerationJob(
-            ernie.client_settings(urls) if urls else None, lake_root=store.root, png_uri=f"{staging}/png",
-            png_final_uri=f"{final}/png", max_attempts=config.max_attempts, default_width=config.default_width,
-            default_height=config.default_height, tasks=ernie.task_count(urls))
+            ernie.client_settings(urls) if urls else None,
+            lake_root=store.root,
+            png_uri=f"{staging}/png",
+            png_final_uri=f"{final}/png",
+            max_attempts=config.max_attempts,
+            default_width=config.default_width,
+            default_height=config.default_height,
+            tasks=ernie.task_count(urls),
+        )
         frame = generate.generated_frame(todo if pending else None, kept, job)
         try:
             with spark_progress(session, context.log.info):
@@ -123,14 +133,15 @@ def ernie_generated_images(
         "prompts_uri": dg.MetadataValue.path(prompts_uri),
         "path": dg.MetadataValue.path(final),
         "png_folder": dg.MetadataValue.path(f"{final}/png"),
-        "preview": dg.MetadataValue.md(written.head(10, columns=PREVIEW_COLUMNS).to_pandas()
-                                       .to_markdown(index=False)),
+        "preview": dg.MetadataValue.md(written.head(10, columns=PREVIEW_COLUMNS).to_pandas().to_markdown(index=False)),
     }
     context.log.info(f"ernie_generated_images: {summary['status_counts']} ({reused} reused)")
     if summary["sent"] == 0:
         raise dg.Failure(
-            description=(f"Every one of the {summary['prompts']} prompts in {prompts_uri} is invalid (first problems: "
-                         f"{' | '.join(table.first_errors(written))}): fix the prompts table and re-materialize."),
+            description=(
+                f"Every one of the {summary['prompts']} prompts in {prompts_uri} is invalid (first problems: "
+                f"{' | '.join(table.first_errors(written))}): fix the prompts table and re-materialize."
+            ),
             metadata=metadata,
         )
     if summary["valid"] == 0:

@@ -25,7 +25,7 @@ def _no_table(final: str) -> dg.AssetCheckResult:
     asset=ernie_generated_images,
     blocking=True,
     description="GE: of the prompts that could be sent (rows not `invalid_prompt`), the share whose image is "
-                "`valid` is at least `min_valid_share` (blocking); counts per status in the metadata.",
+    "`valid` is at least `min_valid_share` (blocking); counts per status in the metadata.",
 )
 def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
@@ -43,23 +43,26 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
         "ernie_generated_valid_share",
         [
             gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[table.VALID],
-                                                        mostly=config.min_valid_share),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[table.VALID], mostly=config.min_valid_share),
             gx.expectations.ExpectColumnValuesToBeUnique(column="file_name"),
         ],
         settings.state_dir() / "gx",
         f"{ASSET_KEY}.generated_images_valid",
     )
     passed = summary["sent"] > 0 and outcome.success and summary["valid_share"] >= config.min_valid_share
-    bad = {status: n for status, n in summary["status_counts"].items()
-           if status not in (table.VALID, table.INVALID_PROMPT)}
-    what_to_fix = "" if passed else (
-        f"{summary['valid']} of the {summary['sent']} prompts that could be sent have a valid image "
-        f"({summary['valid_share']:.1%}, at least {config.min_valid_share:.0%} needed; not valid: {bad}). "
-        "Read `status` and `error` per row: `failed` means the endpoints were down or kept failing, `bad_reply` that "
-        "they answered in a shape the protocol does not allow, `corrupted`/`decode_error` that they sent broken "
-        "images, `rejected` that they refused the request (size, seed). Then re-materialize: only those rows are "
-        "regenerated.")
+    bad = {status: n for status, n in summary["status_counts"].items() if status not in (table.VALID, table.INVALID_PROMPT)}
+    what_to_fix = (
+        ""
+        if passed
+        else (
+            f"{summary['valid']} of the {summary['sent']} prompts that could be sent have a valid image "
+            f"({summary['valid_share']:.1%}, at least {config.min_valid_share:.0%} needed; not valid: {bad}). "
+            "Read `status` and `error` per row: `failed` means the endpoints were down or kept failing, `bad_reply` that "
+            "they answered in a shape the protocol does not allow, `corrupted`/`decode_error` that they sent broken "
+            "images, `rejected` that they refused the request (size, seed). Then re-materialize: only those rows are "
+            "regenerated."
+        )
+    )
     return dg.AssetCheckResult(
         passed=passed,
         description=what_to_fix or f"{summary['valid']} of {summary['sent']} sent prompts have a valid image",
@@ -80,7 +83,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
 @dg.asset_check(
     asset=ernie_generated_images,
     description="Every row of the prompts table can be sent: none ends `invalid_prompt` (empty prompt, bad size or "
-                "seed). A warning: the other prompts' images are judged by generated_images_valid.",
+    "seed). A warning: the other prompts' images are judged by generated_images_valid.",
 )
 def generated_prompts_valid(lake: LakeResource) -> dg.AssetCheckResult:
     import pyarrow.compute as pc
@@ -92,16 +95,20 @@ def generated_prompts_valid(lake: LakeResource) -> dg.AssetCheckResult:
         return _no_table(final)
     invalid = written.to_table(columns=["id", "error"], filter=pc.field("status") == table.INVALID_PROMPT)
     examples = invalid.slice(0, 20).to_pylist()
-    what_to_fix = "" if not invalid.num_rows else (
-        f"{invalid.num_rows} row(s) of the prompts table cannot be sent and were skipped: "
-        + "; ".join(f"{row['id']}: {row['error']}" for row in examples[:5])
-        + ". Fix them in the prompts table (DGX_PROMPTS_URI) and re-materialize: only those rows are generated.")
+    what_to_fix = (
+        ""
+        if not invalid.num_rows
+        else (
+            f"{invalid.num_rows} row(s) of the prompts table cannot be sent and were skipped: "
+            + "; ".join(f"{row['id']}: {row['error']}" for row in examples[:5])
+            + ". Fix them in the prompts table (DGX_PROMPTS_URI) and re-materialize: only those rows are generated."
+        )
+    )
     return dg.AssetCheckResult(
         passed=not invalid.num_rows,
         severity=dg.AssetCheckSeverity.WARN,
         description=what_to_fix or "every prompt could be sent",
-        metadata={"invalid_prompts": invalid.num_rows, "examples": dg.MetadataValue.json(examples),
-                  "what_to_fix": what_to_fix},
+        metadata={"invalid_prompts": invalid.num_rows, "examples": dg.MetadataValue.json(examples), "what_to_fix": what_to_fix},
     )
 
 

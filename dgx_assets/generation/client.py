@@ -155,14 +155,23 @@ class ErnieClient:
             headers["Authorization"] = f"Bearer {settings.token}"
         self._headers = headers
         self._pool = urllib3.PoolManager(
-            num_pools=len(self.endpoints) + 2, maxsize=max(2, settings.concurrency), retries=False,
+            num_pools=len(self.endpoints) + 2,
+            maxsize=max(2, settings.concurrency),
+            retries=False,
             timeout=urllib3.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s),
-            cert_reqs="CERT_REQUIRED" if settings.verify_tls else "CERT_NONE", ca_certs=settings.ca_bundle,
-            ssl_minimum_version=ssl.TLSVersion.TLSv1_2)
+            cert_reqs="CERT_REQUIRED" if settings.verify_tls else "CERT_NONE",
+            ca_certs=settings.ca_bundle,
+            ssl_minimum_version=ssl.TLSVersion.TLSv1_2,
+        )
         self._pool.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
         # The retry budget and backoff of one image; `increment` returns a new Retry per failed try.
-        self._retry = Retry(total=settings.max_retries, backoff_factor=settings.backoff_s,
-                            backoff_max=settings.backoff_max_s, backoff_jitter=settings.backoff_s, allowed_methods=None)
+        self._retry = Retry(
+            total=settings.max_retries,
+            backoff_factor=settings.backoff_s,
+            backoff_max=settings.backoff_max_s,
+            backoff_jitter=settings.backoff_s,
+            allowed_methods=None,
+        )
 
     # --- public -----------------------------------------------------------------------------------------
     def generate(self, prompt: str, width: int, height: int, seed: int) -> ImageReply:
@@ -195,8 +204,9 @@ class ErnieClient:
             time.sleep(retry.get_backoff_time())
         history = [f"{item.url}: {item.error}" if item.url else str(item.error) for item in retry.history]
         history.append(f"{url}: {problem}" if url else str(problem))
-        return ImageReply(tries=tries, error=f"gave up after {s.max_retries + 1} tries: {'; '.join(history[-3:])}",
-                          error_kind=kind)
+        return ImageReply(
+            tries=tries, error=f"gave up after {s.max_retries + 1} tries: {'; '.join(history[-3:])}", error_kind=kind
+        )
 
     def generate_many(self, requests: list[tuple[str, int, int, int]]) -> list[ImageReply]:
         """Several images with up to `concurrency` requests in flight, replies in request order."""
@@ -217,8 +227,14 @@ class ErnieClient:
         return "; ".join(parts)
 
     def stats(self) -> dict:
-        return {e.url: {"requests": e.requests, "errors": e.errors, "breaker": e.breaker_state(
-            time.monotonic(), self.settings.breaker_cooldown_s)} for e in self.endpoints}
+        return {
+            e.url: {
+                "requests": e.requests,
+                "errors": e.errors,
+                "breaker": e.breaker_state(time.monotonic(), self.settings.breaker_cooldown_s),
+            }
+            for e in self.endpoints
+        }
 
     # --- endpoint choice -----------------------------------------------------------------------------
     def _pick(self) -> Endpoint | None:
@@ -272,8 +288,13 @@ class ErnieClient:
         s = self.settings
         _DEADLINE.at = time.monotonic() + deadline_s
         try:
-            return self._pool.request(method, url, headers=self._headers, timeout=urllib3.Timeout(
-                connect=min(s.connect_timeout_s, deadline_s), read=min(s.read_timeout_s, deadline_s)), **options)
+            return self._pool.request(
+                method,
+                url,
+                headers=self._headers,
+                timeout=urllib3.Timeout(connect=min(s.connect_timeout_s, deadline_s), read=min(s.read_timeout_s, deadline_s)),
+                **options,
+            )
         except urllib3.exceptions.HTTPError as error:
             if time.monotonic() >= _DEADLINE.at:
                 raise urllib3.exceptions.TimeoutError(f"no complete reply within the {deadline_s:g}s deadline") from error
@@ -285,8 +306,14 @@ class ErnieClient:
     def _call(self, url: str, prompt: str, width: int, height: int, seed: int) -> tuple[str, bool, str]:
         s = self.settings
         if s.protocol == "openai":
-            body = {"model": s.model, "prompt": prompt, "size": f"{width}x{height}", "n": 1, "seed": seed,
-                    "response_format": "b64_json"}
+            body = {
+                "model": s.model,
+                "prompt": prompt,
+                "size": f"{width}x{height}",
+                "n": 1,
+                "seed": seed,
+                "response_format": "b64_json",
+            }
             if s.num_inference_steps:
                 body["num_inference_steps"] = s.num_inference_steps
             return _openai_image(self._post(f"{url}/v1/images/generations", body), prompt)
@@ -341,8 +368,12 @@ def _pipeline_image(reply: dict, prompt: str) -> tuple[str, bool, str]:
         message = f"err_no {err_no}: {err_msg}"[:300]
         raise (_Rejected if 5000 <= err_no < 6000 else _Retryable)(message)
     keys, values = reply.get("key"), reply.get("value")
-    if not (isinstance(keys, list) and isinstance(values, list) and len(keys) == len(values)
-            and all(isinstance(item, str) for item in keys + values)):
+    if not (
+        isinstance(keys, list)
+        and isinstance(values, list)
+        and len(keys) == len(values)
+        and all(isinstance(item, str) for item in keys + values)
+    ):
         raise _BadReply(f"`key` {_shown(keys)} and `value` {_shown(values)} are not two lists of strings of one length")
     fields = dict(zip(keys, values))
     if "image" not in fields:

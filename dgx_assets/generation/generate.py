@@ -61,6 +61,7 @@ def write_pngs(rows: list[dict], job: GenerationJob) -> None:
 
 # --- mapInPandas bodies -----------------------------------------------------------------------------------
 
+
 def generate_batches(job: GenerationJob):
     """mapInPandas body for prompts to generate: one output row per input prompt."""
 
@@ -94,8 +95,7 @@ def rewrite_batches(job: GenerationJob):
 
 def _records(frame) -> list[dict]:
     # pandas gives NaN/NaT for missing values; the rows want None.
-    return [{key: (None if _missing(value) else value) for key, value in record.items()}
-            for record in frame.to_dict("records")]
+    return [{key: (None if _missing(value) else value) for key, value in record.items()} for record in frame.to_dict("records")]
 
 
 def _missing(value) -> bool:
@@ -106,6 +106,7 @@ def _missing(value) -> bool:
 
 
 # --- the Spark job ------------------------------------------------------------------------------------------
+
 
 def with_request_key(prompts):
     """Add `request_key`: a hash of what decides the image (id, prompt, size, seed), to find reusable rows."""
@@ -127,8 +128,12 @@ def split_work(prompts, previous=None):
     keyed = with_request_key(prompts)
     if previous is None or not set(COLUMNS) <= set(previous.columns):
         return keyed, None
-    reusable = (previous.where(F.col("status") == VALID).where(F.col("content").isNotNull())
-                .dropDuplicates(["request_key"]).drop("id", "prompt", "label"))
+    reusable = (
+        previous.where(F.col("status") == VALID)
+        .where(F.col("content").isNotNull())
+        .dropDuplicates(["request_key"])
+        .drop("id", "prompt", "label")
+    )
     # The id as start_row gives it: a prompt without one keeps the id its first run made from its request key.
     default_id = F.concat(F.lit(DEFAULT_ID_PREFIX), F.substring("request_key", 1, DEFAULT_ID_KEY_CHARS))
     ids = F.when(F.coalesce(F.col("id"), F.lit("")) == "", default_id).otherwise(F.col("id")).alias("id")

@@ -18,8 +18,7 @@ COLUMNS = ("id", "prompt", "width", "height", "seed", "label")
 DEMO_PROMPTS = [
     ("crack-mono-en", "Electroluminescence image of a defective mono solar cell with a diagonal crack", "defective"),
     ("crack-mono-zh", "单晶硅太阳能电池片的电致发光图像，有对角裂纹缺陷", "defective"),
-    ("broken-poly-en", "EL image of a broken poly-crystalline cell, dark inactive region near the busbar",
-     "defective"),
+    ("broken-poly-en", "EL image of a broken poly-crystalline cell, dark inactive region near the busbar", "defective"),
     ("broken-poly-zh", "多晶电池片电致发光图像：母线附近有破损和暗区", "defective"),
     ("finger-mono-en", 'A "cracked" mono cell: finger interruptions, micro-cracks, faulty', "defective"),
     ("finger-poly-zh", "有缺陷的多晶硅电池片，“断栅”和微裂纹", "defective"),
@@ -33,8 +32,10 @@ DEMO_PROMPTS = [
 
 
 def demo_rows(width: int = 512, height: int = 512) -> list[dict]:
-    return [{"id": pid, "prompt": prompt, "width": width, "height": height, "seed": 1000 + index, "label": label}
-            for index, (pid, prompt, label) in enumerate(DEMO_PROMPTS)]
+    return [
+        {"id": pid, "prompt": prompt, "width": width, "height": height, "seed": 1000 + index, "label": label}
+        for index, (pid, prompt, label) in enumerate(DEMO_PROMPTS)
+    ]
 
 
 def write_demo_prompts(uri: str, width: int = 512, height: int = 512) -> str:
@@ -58,14 +59,24 @@ def read_prompts(spark, uri: str):
     if uri.rstrip("/").lower().endswith(".parquet"):
         frame = spark.read.parquet(uri)
     else:
-        frame = (spark.read.option("header", True).option("multiLine", True).option("escape", '"')
-                 .option("encoding", "UTF-8").option("mode", "PERMISSIVE").csv(uri))
+        frame = (
+            spark.read.option("header", True)
+            .option("multiLine", True)
+            .option("escape", '"')
+            .option("encoding", "UTF-8")
+            .option("mode", "PERMISSIVE")
+            .csv(uri)
+        )
     columns = {name.strip().lower(): name for name in frame.columns}
     missing = [name for name in ("id", "prompt") if name not in columns]
     if missing:
-        raise ValueError(f"prompts table {uri} lacks column(s) {', '.join(missing)}; it has {sorted(columns)}. "
-                         f"Expected {', '.join(COLUMNS)} (width, height, seed, label optional).")
-    return frame.select([
-        (F.col(f"`{columns[name]}`").cast("string") if name in columns else F.lit(None).cast("string")).alias(name)
-        for name in COLUMNS
-    ])
+        raise ValueError(
+            f"prompts table {uri} lacks column(s) {', '.join(missing)}; it has {sorted(columns)}. "
+            f"Expected {', '.join(COLUMNS)} (width, height, seed, label optional)."
+        )
+    return frame.select(
+        [
+            (F.col(f"`{columns[name]}`").cast("string") if name in columns else F.lit(None).cast("string")).alias(name)
+            for name in COLUMNS
+        ]
+    )

@@ -47,11 +47,24 @@ def start_row(record: dict, job: GenerationJob, now: dt.datetime) -> dict:
     if seed is not None and not 0 <= seed < 2**32:
         problems.append(f"seed must be 0..{2**32 - 1}, got {seed}")
     return {
-        "id": prompt_id, "prompt": prompt, "label": record.get("label"), "width": width, "height": height,
-        "seed": seed, "used_prompt": None, "truncated": None, "content": None,
-        "file_name": safe_file_name(prompt_id, key), "png_path": None,
-        "status": INVALID_PROMPT if problems else None, "error": "; ".join(problems) or None,
-        "endpoint": None, "latency_s": None, "attempts": 0, "http_tries": 0, "request_key": key,
+        "id": prompt_id,
+        "prompt": prompt,
+        "label": record.get("label"),
+        "width": width,
+        "height": height,
+        "seed": seed,
+        "used_prompt": None,
+        "truncated": None,
+        "content": None,
+        "file_name": safe_file_name(prompt_id, key),
+        "png_path": None,
+        "status": INVALID_PROMPT if problems else None,
+        "error": "; ".join(problems) or None,
+        "endpoint": None,
+        "latency_s": None,
+        "attempts": 0,
+        "http_tries": 0,
+        "request_key": key,
         "generated_at": now,
     }
 
@@ -70,8 +83,14 @@ def generate_rows(client, rows: list[dict], max_attempts: int) -> None:
             row["endpoint"] = reply.endpoint or row["endpoint"]
             if reply.ok:
                 status, content, reason = classify_image(reply.payload_b64, row["width"], row["height"])
-                row.update(status=status, content=content, error=reason, latency_s=reply.latency_s,
-                           truncated=reply.truncated, used_prompt=reply.used_prompt)
+                row.update(
+                    status=status,
+                    content=content,
+                    error=reason,
+                    latency_s=reply.latency_s,
+                    truncated=reply.truncated,
+                    used_prompt=reply.used_prompt,
+                )
             else:
                 status = {"rejected": REJECTED, BAD_REPLY: BAD_REPLY}.get(reply.error_kind, FAILED)
                 row.update(status=status, error=reply.error, content=None)

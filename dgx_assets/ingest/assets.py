@@ -53,14 +53,19 @@ class RawImagesConfig(dg.Config):
 def raw_images(context: dg.AssetExecutionContext, config: RawImagesConfig, spark: SparkResource, lake: LakeResource):
     # A backfill run ingests its batches one after the other in the run's one SparkSession.
     return materialize_batches(
-        context, lambda batch: _ingest_batch(context, batch, config, spark, lake),
-        lambda batch, result: {"files_listed": result.metadata["files_listed"], "valid": result.metadata["valid"],
-                               LANDING_FINGERPRINT: result.metadata[LANDING_FINGERPRINT]},
+        context,
+        lambda batch: _ingest_batch(context, batch, config, spark, lake),
+        lambda batch, result: {
+            "files_listed": result.metadata["files_listed"],
+            "valid": result.metadata["valid"],
+            LANDING_FINGERPRINT: result.metadata[LANDING_FINGERPRINT],
+        },
     )
 
 
-def _ingest_batch(context: dg.AssetExecutionContext, batch: str, config: RawImagesConfig, spark: SparkResource,
-                  lake: LakeResource) -> BatchResult:
+def _ingest_batch(
+    context: dg.AssetExecutionContext, batch: str, config: RawImagesConfig, spark: SparkResource, lake: LakeResource
+) -> BatchResult:
     from dgx_assets.ingest import landing, spark_ingest, tables  # pyarrow and pandas: only when a run needs them
 
     store = lake.lake
@@ -90,8 +95,9 @@ def _ingest_batch(context: dg.AssetExecutionContext, batch: str, config: RawImag
     written = tables.read_partition_summary(store, staging)
     store.commit(staging, final)
     summary = tables.summarize(written)
-    context.log.info(f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, "
-                     f"quarantined {summary['quarantined']}")
+    context.log.info(
+        f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}"
+    )
     preview = written.slice(0, 10).select(["path", "label", "status", "reason", "format", "width", "height", "split"])
     schema = tables.dataset(store, final).schema
     return BatchResult(

@@ -41,8 +41,9 @@ def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid
     return frame.filter(frame.status == images.VALID) if valid_only else frame
 
 
-def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, description: str | None = None,
-            **extra) -> dg.AssetCheckResult:
+def _result(
+    outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, description: str | None = None, **extra
+) -> dg.AssetCheckResult:
     failing = {e["column"] or e["expectation"]: e["failing_examples"] for e in outcome.expectations if not e["success"]}
     return dg.AssetCheckResult(
         passed=outcome.success,
@@ -62,8 +63,15 @@ def _result(outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, descrip
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning)
 
 
-def _batch_suite(context: dg.AssetCheckExecutionContext, batch: str, spark: SparkResource, lake: LakeResource,
-                 suite: str, expectations: list, valid_only: bool = False) -> SuiteOutcome:
+def _batch_suite(
+    context: dg.AssetCheckExecutionContext,
+    batch: str,
+    spark: SparkResource,
+    lake: LakeResource,
+    suite: str,
+    expectations: list,
+    valid_only: bool = False,
+) -> SuiteOutcome:
     """One GE suite over one raw_images batch, named in the data docs by asset, check and batch (GE says
     `__none__` otherwise)."""
     frame = _partition_frame(spark, lake, batch, valid_only=valid_only)
@@ -82,10 +90,12 @@ def _each_batch(context: dg.AssetCheckExecutionContext, evaluate) -> dg.AssetChe
     return dg.AssetCheckResult(
         passed=not failed,
         severity=next(iter(results.values())).severity,
-        description=" ".join(f"[{batch}] {results[batch].description}" for batch in failed)
-        or f"all {len(results)} batches pass",
-        metadata={"batches": dg.MetadataValue.json(
-            {batch: {"passed": result.passed, "description": result.description} for batch, result in results.items()})},
+        description=" ".join(f"[{batch}] {results[batch].description}" for batch in failed) or f"all {len(results)} batches pass",
+        metadata={
+            "batches": dg.MetadataValue.json(
+                {batch: {"passed": result.passed, "description": result.description} for batch, result in results.items()}
+            )
+        },
     )
 
 
@@ -100,15 +110,27 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
     import great_expectations as gx
 
     def evaluate(batch: str) -> dg.AssetCheckResult:
-        outcome = _batch_suite(context, batch, spark, lake, "raw_images_valid_share", [
-            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[images.VALID],
-                                                        mostly=config.min_valid_share),
-        ])
+        outcome = _batch_suite(
+            context,
+            batch,
+            spark,
+            lake,
+            "raw_images_valid_share",
+            [
+                gx.expectations.ExpectColumnValuesToBeInSet(
+                    column="status", value_set=[images.VALID], mostly=config.min_valid_share
+                ),
+            ],
+        )
         share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
-        what_to_fix = "" if outcome.success else (
-            f"Only {share:.1%} of batch {batch} decoded as images (at least {config.min_valid_share:.0%} "
-            "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
-            "special files too: copy the real files in) in the landing batch, then re-materialize."
+        what_to_fix = (
+            ""
+            if outcome.success
+            else (
+                f"Only {share:.1%} of batch {batch} decoded as images (at least {config.min_valid_share:.0%} "
+                "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
+                "special files too: copy the real files in) in the landing batch, then re-materialize."
+            )
         )
         return _result(
             outcome,
@@ -137,9 +159,13 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
             gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
         ]
 
-    return _each_batch(context, lambda batch: _result(
-        _batch_suite(context, batch, spark, lake, "raw_images_bounds", expectations(), valid_only=True),
-        severity=dg.AssetCheckSeverity.WARN))
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(context, batch, spark, lake, "raw_images_bounds", expectations(), valid_only=True),
+            severity=dg.AssetCheckSeverity.WARN,
+        ),
+    )
 
 
 # Warns when files carry a label folder the classifier does not know.
@@ -157,8 +183,12 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
             gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
         ]
 
-    return _each_batch(context, lambda batch: _result(
-        _batch_suite(context, batch, spark, lake, "raw_images_labels", expectations()), severity=dg.AssetCheckSeverity.WARN))
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(context, batch, spark, lake, "raw_images_labels", expectations()), severity=dg.AssetCheckSeverity.WARN
+        ),
+    )
 
 
 # Warns when the same image bytes arrive twice in one batch (they would be counted twice in training and evaluation).
@@ -170,10 +200,21 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
 def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    return _each_batch(context, lambda batch: _result(
-        _batch_suite(context, batch, spark, lake, "raw_images_duplicates",
-                     [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")], valid_only=True),
-        severity=dg.AssetCheckSeverity.WARN))
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(
+                context,
+                batch,
+                spark,
+                lake,
+                "raw_images_duplicates",
+                [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")],
+                valid_only=True,
+            ),
+            severity=dg.AssetCheckSeverity.WARN,
+        ),
+    )
 
 
 raw_image_checks = [valid_image_share, image_bounds, labels_expected, no_duplicate_content]

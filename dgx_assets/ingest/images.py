@@ -35,8 +35,19 @@ SYMLINK = "symlink"
 SPECIAL_FILE = "special_file"
 UNLISTABLE = "unlistable"
 REFUSED_STATUSES = (SYMLINK, SPECIAL_FILE, UNLISTABLE)
-STATUSES = (VALID, EMPTY, NOT_AN_IMAGE, CORRUPTED, DECODE_ERROR, UNSUPPORTED, TOO_LARGE, ZERO_SIZE, UNLABELLED, UNREADABLE,
-            *REFUSED_STATUSES)
+STATUSES = (
+    VALID,
+    EMPTY,
+    NOT_AN_IMAGE,
+    CORRUPTED,
+    DECODE_ERROR,
+    UNSUPPORTED,
+    TOO_LARGE,
+    ZERO_SIZE,
+    UNLABELLED,
+    UNREADABLE,
+    *REFUSED_STATUSES,
+)
 
 SPLITS = ("train", "validation", "test")
 
@@ -62,11 +73,21 @@ class Verdict:
 
 
 _TRUNCATION_HINTS = (
-    "truncated", "broken data stream", "unrecognized data stream", "crc", "unexpected end", "premature end",
-    "incomplete", "decompressing data",
+    "truncated",
+    "broken data stream",
+    "unrecognized data stream",
+    "crc",
+    "unexpected end",
+    "premature end",
+    "incomplete",
+    "decompressing data",
 )
 _SIGNATURES = {
-    b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG", b"BM": "BMP", b"II*\x00": "TIFF", b"MM\x00*": "TIFF",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"\xff\xd8\xff": "JPEG",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
 }
 
 
@@ -157,7 +178,7 @@ def label_from_path(path: str, batch_path: str) -> str | None:
 
     Both arguments are compared by their path part, since Spark writes `file:/x` where we write `file:///x`.
     """
-    relative = path_inside(path)[len(path_inside(batch_path).rstrip("/")) + 1:]
+    relative = path_inside(path)[len(path_inside(batch_path).rstrip("/")) + 1 :]
     parts = relative.split("/")
     return parts[0] if len(parts) >= 2 else None
 

@@ -30,7 +30,6 @@ from dgx_assets.lake import filesystem_for, has_hidden_part
 IN_PROGRESS_SUFFIXES = ("._COPYING_", ".tmp", ".part", ".crdownload")
 
 
-
 @dataclass(frozen=True)
 class Refused:
     """An entry the listing did not follow or could not read: a link, a special file, an unlistable folder."""
@@ -61,7 +60,7 @@ class BatchState:
 
     def refused_summary(self, root: str) -> str:
         """`2 entries not read: a/x (symlink), b (unlistable)`, for the sensor's tick and run tags."""
-        names = [f"{entry.path[len(root):].lstrip('/')} ({entry.status})" for entry in self.refused[:5]]
+        names = [f"{entry.path[len(root) :].lstrip('/')} ({entry.status})" for entry in self.refused[:5]]
         more = f", and {len(self.refused) - 5} more" if len(self.refused) > 5 else ""
         return f"{len(self.refused)} entr{'y' if len(self.refused) == 1 else 'ies'} not read: {', '.join(names)}{more}"
 
@@ -176,8 +175,12 @@ def _walk_local_batch(path: str) -> BatchListing:
     return listing
 
 
-_SPECIAL_KINDS = ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
-                  (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "FIFO (named pipe)"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+)
 
 
 def _refuse(entry: os.DirEntry) -> Refused | None:
@@ -197,8 +200,12 @@ def _link(path: str) -> Refused:
         target = os.readlink(path)  # reads the link itself, never its target
     except OSError as error:
         target = f"? ({_describe(error)})"
-    return Refused(path, SYMLINK, f"a symbolic link to {target}: links are not followed, so nothing outside the "
-                                  "landing zone is read; copy the file itself into the batch")
+    return Refused(
+        path,
+        SYMLINK,
+        f"a symbolic link to {target}: links are not followed, so nothing outside the "
+        "landing zone is read; copy the file itself into the batch",
+    )
 
 
 def _describe(error: OSError) -> str:
@@ -234,7 +241,7 @@ def _list_remote_batch(fs: pafs.FileSystem, path: str) -> BatchListing:
     for info in infos:
         # Each FileInfo property builds a new Python object: read each once.
         file_path, kind = info.path, info.type
-        if has_hidden_part(file_path[len(path):].lstrip("/")):
+        if has_hidden_part(file_path[len(path) :].lstrip("/")):
             continue
         if kind == pafs.FileType.File:
             listing.files.append((file_path, info.size or 0, info.mtime_ns or 0))
@@ -263,7 +270,7 @@ def batch_state(name: str, root: str, listing: BatchListing) -> BatchState:
     in_progress: tuple[str, ...] = ()
     if any(f"{suffix}\0" in text for suffix in IN_PROGRESS_SUFFIXES):  # one scan of the text; rarely true
         copying = sorted(path for path, _, _ in files if path.endswith(IN_PROGRESS_SUFFIXES))
-        in_progress = tuple(path[len(root):].lstrip("/") for path in copying)
+        in_progress = tuple(path[len(root) :].lstrip("/") for path in copying)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     refused = tuple(sorted(listing.refused, key=lambda entry: entry.path))
     return BatchState(name, len(files), sum(map(operator.itemgetter(1), files)), digest, in_progress, refused)

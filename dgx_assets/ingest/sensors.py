@@ -27,7 +27,8 @@ def _ingested_fingerprint(instance: dg.DagsterInstance, batch: str) -> str | Non
     from dgx_assets.partitions import batch_metadata
 
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_images"), asset_partitions=[batch]), limit=1).records
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_images"), asset_partitions=[batch]), limit=1
+    ).records
     if not records or records[0].asset_materialization is None:
         return None
     return batch_metadata(records[0].asset_materialization.metadata, batch, LANDING_FINGERPRINT)
@@ -78,10 +79,11 @@ def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource)
     new_keys = [s.name for s in ready if not context.instance.has_dynamic_partition(image_batches.name, s.name)]
     notes = list(waiting)
     if zone.refused:
-        names = ", ".join(f"{entry.path[len(zone.root):].lstrip('/')} ({entry.status})" for entry in zone.refused)
+        names = ", ".join(f"{entry.path[len(zone.root) :].lstrip('/')} ({entry.status})" for entry in zone.refused)
         notes.append(f"skipped, not batch folders: {names}")
-    notes += [f"{state.name}: requested; {state.refused_summary(zone.root)}, each recorded as a row" for state in ready
-              if state.refused]
+    notes += [
+        f"{state.name}: requested; {state.refused_summary(zone.root)}, each recorded as a row" for state in ready if state.refused
+    ]
     if already:
         notes.append(f"already ingested from the same content: {', '.join(already)}")
     if notes:
@@ -91,8 +93,11 @@ def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource)
             dg.RunRequest(
                 run_key=f"{state.name}:{state.fingerprint}",
                 partition_key=state.name,
-                tags={"dgx/landing_fingerprint": state.fingerprint, "dgx/files": str(state.files),
-                      **({"dgx/refused_entries": state.refused_summary(zone.root)} if state.refused else {})},
+                tags={
+                    "dgx/landing_fingerprint": state.fingerprint,
+                    "dgx/files": str(state.files),
+                    **({"dgx/refused_entries": state.refused_summary(zone.root)} if state.refused else {}),
+                },
             )
             for state in ready
         ],

@@ -34,12 +34,24 @@ if TYPE_CHECKING:
     from dgx_assets.ingest.landing import LandedBatch
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType
-RAW_IMAGES_SCHEMA = pa.schema([
-    ("path", pa.string()), ("label", pa.string()), ("size_bytes", pa.int64()), ("modified_at", _TIMESTAMP),
-    ("sha256", pa.string()), ("format", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-    ("mode", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()),
-    ("content", pa.binary()), ("ingested_at", _TIMESTAMP),
-])
+RAW_IMAGES_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("label", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("modified_at", _TIMESTAMP),
+        ("sha256", pa.string()),
+        ("format", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("mode", pa.string()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("split", pa.string()),
+        ("content", pa.binary()),
+        ("ingested_at", _TIMESTAMP),
+    ]
+)
 # `batch` is not stored in the files: it is the hive folder `batch=<key>` and comes back when the table is read.
 
 # Parquet codec for the raw_images files. Nearly all of their bytes are PNG/JPEG content, already
@@ -125,7 +137,7 @@ def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSetti
     fs = worker_filesystem(batch_path)
     ingested_at = dt.datetime.now(dt.UTC)
     for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
-        listed = files[start:start + ROWS_PER_ARROW_BATCH]
+        listed = files[start : start + ROWS_PER_ARROW_BATCH]
         rows = [file_row(fs, file, batch_path, settings) for file in listed]
         columns = {name: [row.get(name) for row in rows] for name in RAW_IMAGES_SCHEMA.names}
         columns["modified_at"] = [file.modified_us for file in listed]
@@ -158,11 +170,15 @@ def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: I
     if verdict.status == images.VALID and row["label"] is None:
         verdict.status, verdict.reason = images.UNLABELLED, "the file is not inside a label folder"
     digest = images.sha256_hex(data)
-    return row | verdict.as_dict() | {
-        "sha256": digest,
-        "split": images.split_for(digest, settings.validation_share, settings.test_share),
-        "content": data if verdict.status == images.VALID else None,
-    }
+    return (
+        row
+        | verdict.as_dict()
+        | {
+            "sha256": digest,
+            "split": images.split_for(digest, settings.validation_share, settings.test_share),
+            "content": data if verdict.status == images.VALID else None,
+        }
+    )
 
 
 class _NotARegularFile(Exception):

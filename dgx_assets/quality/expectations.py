@@ -43,9 +43,7 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     source = context.data_sources.add_or_update_spark(name="dgx_spark")
     asset = _get_or_add(source.get_asset, source.add_dataframe_asset, suite_name)
-    batch_definition = _get_or_add(
-        asset.get_batch_definition, asset.add_batch_definition_whole_dataframe, f"{suite_name}_whole"
-    )
+    batch_definition = _get_or_add(asset.get_batch_definition, asset.add_batch_definition_whole_dataframe, f"{suite_name}_whole")
     suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=expectations))
     validation = context.validation_definitions.add_or_update(
         gx.ValidationDefinition(name=f"{suite_name}_validation", data=batch_definition, suite=suite)
@@ -60,8 +58,7 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
     )
     from great_expectations.core.run_identifier import RunIdentifier
 
-    run = checkpoint.run(batch_parameters={"dataframe": dataframe},
-                         run_id=RunIdentifier(run_name=run_name or suite_name))
+    run = checkpoint.run(batch_parameters={"dataframe": dataframe}, run_id=RunIdentifier(run_name=run_name or suite_name))
     result = next(iter(run.run_results.values()))
     docs = context.get_docs_sites_urls()
     if docs:

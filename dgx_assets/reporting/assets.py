@@ -57,25 +57,38 @@ def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
     run_id = (data.model or {}).get("mlflow_run_id")
     if run_id:
         data.curves, data.hardware = collect.mlflow_details(mlflow.resolved_tracking_uri, run_id)
-    present = {"raw_images": data.batches, "image_features": data.statistics, "trained_model": data.model,
-               "edge_model": data.edge, "ernie_generated_images": data.generated}
+    present = {
+        "raw_images": data.batches,
+        "image_features": data.statistics,
+        "trained_model": data.model,
+        "edge_model": data.edge,
+        "ernie_generated_images": data.generated,
+    }
     data.missing = [name for name, value in present.items() if not value]
-    shifts = [f"batch {row['batch']} has {row['share']:.0%} {row['class']} against {row['others_share']:.0%} in the "
-              f"other batches (p {row['p_value']:.1g})" for row in data.label_balance if row["flagged"]]
-    verdict = decide(data.checks, [f"{d['statistic']} of batch {d['batch']} (KS {d['ks']})" for d in data.drift],
-                     data.missing, shifts)
+    shifts = [
+        f"batch {row['batch']} has {row['share']:.0%} {row['class']} against {row['others_share']:.0%} in the "
+        f"other batches (p {row['p_value']:.1g})"
+        for row in data.label_balance
+        if row["flagged"]
+    ]
+    verdict = decide(
+        data.checks, [f"{d['statistic']} of batch {d['batch']} (KS {d['ks']})" for d in data.drift], data.missing, shifts
+    )
 
     # Only addresses a browser opens: MLflow's and Dagster's UIs (DGX_MLFLOW_UI_URL, DGX_DAGSTER_UI_URL), files.
     dagster_ui = settings.dagster_ui_url()
-    links = {"this report's Dagster run": urls.dagster_run(dagster_ui, context.run_id),
-             "quality_report in Dagster": urls.dagster_asset(dagster_ui, "quality_report")}
+    links = {
+        "this report's Dagster run": urls.dagster_run(dagster_ui, context.run_id),
+        "quality_report in Dagster": urls.dagster_asset(dagster_ui, "quality_report"),
+    }
     if data.model:
         model = data.model
         if model.get("mlflow_experiment_id") and run_id:
             links["MLflow run of trained_model"] = urls.mlflow_run(mlflow.resolved_ui_url, model["mlflow_experiment_id"], run_id)
         if model.get("registered_model_name") and model.get("model_version"):
             links["MLflow model version"] = urls.mlflow_model_version(
-                mlflow.resolved_ui_url, model["registered_model_name"], str(model["model_version"]))
+                mlflow.resolved_ui_url, model["registered_model_name"], str(model["model_version"])
+            )
         links["trained_model in Dagster"] = urls.dagster_asset(dagster_ui, "trained_model")
     if data.ge_data_docs:
         links["Great Expectations data docs"] = data.ge_data_docs
@@ -92,8 +105,11 @@ def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
             "summary": dg.MetadataValue.md(render.render_markdown(data, verdict, report_uri)),
             "path": dg.MetadataValue.path(report_uri),
             "checks_evaluated": len(data.checks),
-            **({"mlflow_model_version": dg.MetadataValue.url(links["MLflow model version"])}
-               if "MLflow model version" in links else {}),
+            **(
+                {"mlflow_model_version": dg.MetadataValue.url(links["MLflow model version"])}
+                if "MLflow model version" in links
+                else {}
+            ),
         }
     )
 

@@ -66,8 +66,7 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
             summary = (what_to_fix.value if what_to_fix is not None else None) or evaluation.description or ""
             if not summary and "ge_statistics" in metadata:  # a GE suite that passed without a description
                 stats = metadata["ge_statistics"].value or {}
-                summary = (f"{stats.get('successful_expectations')} of {stats.get('evaluated_expectations')} "
-                           "expectations met")
+                summary = f"{stats.get('successful_expectations')} of {stats.get('evaluated_expectations')} expectations met"
             outcomes.append(
                 CheckOutcome(
                     asset=key.asset_key.to_user_string(),
@@ -117,9 +116,15 @@ def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
             if len(values) < 5 or len(reference) < 5:
                 continue
             result = ks_2samp(values, reference)
-            tests.append({"batch": batch, "statistic": name, "ks": round(float(result.statistic), 3),
-                          "p_value": float(result.pvalue),
-                          "flagged": bool(result.statistic > DRIFT_KS_LIMIT and result.pvalue < DRIFT_P_VALUE)})
+            tests.append(
+                {
+                    "batch": batch,
+                    "statistic": name,
+                    "ks": round(float(result.statistic), 3),
+                    "p_value": float(result.pvalue),
+                    "flagged": bool(result.statistic > DRIFT_KS_LIMIT and result.pvalue < DRIFT_P_VALUE),
+                }
+            )
     return statistics, tests
 
 
@@ -147,9 +152,18 @@ def label_balance(batches: dict[str, dict]) -> list[dict]:
         kept = [i for i in range(len(classes)) if mine[i] + rest[i] > 0]  # a class no batch has tests nothing
         p_value = float(chi2_contingency([[mine[i] for i in kept], [rest[i] for i in kept]])[1]) if len(kept) > 1 else 1.0
         points = (shares[gap_class] - others[gap_class]) * 100
-        rows.append({"batch": batch, "shares": shares, "class": gap_class, "share": shares[gap_class],
-                     "others_share": others[gap_class], "points": round(points, 1), "p_value": p_value,
-                     "flagged": abs(points) >= LABEL_SHIFT_POINTS and p_value < LABEL_SHIFT_P_VALUE})
+        rows.append(
+            {
+                "batch": batch,
+                "shares": shares,
+                "class": gap_class,
+                "share": shares[gap_class],
+                "others_share": others[gap_class],
+                "points": round(points, 1),
+                "p_value": p_value,
+                "flagged": abs(points) >= LABEL_SHIFT_POINTS and p_value < LABEL_SHIFT_P_VALUE,
+            }
+        )
     return rows
 
 

@@ -33,18 +33,37 @@ def _comparison_rows(model: dict, edge: dict | None) -> list[list]:
     metrics = model.get("test_metrics", {})
     low, high = metrics.get("accuracy_ci95_low"), metrics.get("accuracy_ci95_high")
     interval = f"{low:.1%} – {high:.1%}" if low is not None and high is not None else "n/a"
-    weights = (model.get("pretrained_weights") or {})
-    source = (f", {weights.get('pretrained_weights_package')} {weights.get('pretrained_weights_package_version', '')}"
-              f" ({weights.get('pretrained_weights_file')}, sha256 {str(weights.get('pretrained_weights_sha256', ''))[:12]})"
-              if weights else "")
+    weights = model.get("pretrained_weights") or {}
+    source = (
+        f", {weights.get('pretrained_weights_package')} {weights.get('pretrained_weights_package_version', '')}"
+        f" ({weights.get('pretrained_weights_file')}, sha256 {str(weights.get('pretrained_weights_sha256', ''))[:12]})"
+        if weights
+        else ""
+    )
     images = metrics.get("images")
-    rows = [[f"trained_model: {model.get('backbone', 'unknown backbone')}{source}", _percent(metrics.get("accuracy")),
-             interval, int(images) if images else "n/a", metrics.get("macro_f1")]]
+    rows = [
+        [
+            f"trained_model: {model.get('backbone', 'unknown backbone')}{source}",
+            _percent(metrics.get("accuracy")),
+            interval,
+            int(images) if images else "n/a",
+            metrics.get("macro_f1"),
+        ]
+    ]
     if edge and edge.get("tflite_test_accuracy") is not None:
-        rows.append([f"edge_model ({edge.get('quantization', 'TFLite')})", _percent(edge["tflite_test_accuracy"]),
-                     "", int(images) if images else "n/a", ""])
-    rows += [[f"published: {name} (Deitsch et al. 2019, 25 % test split)", _percent(value), "", 656, ""]
-             for name, value in charts.YARDSTICKS.items()]
+        rows.append(
+            [
+                f"edge_model ({edge.get('quantization', 'TFLite')})",
+                _percent(edge["tflite_test_accuracy"]),
+                "",
+                int(images) if images else "n/a",
+                "",
+            ]
+        )
+    rows += [
+        [f"published: {name} (Deitsch et al. 2019, 25 % test split)", _percent(value), "", 656, ""]
+        for name, value in charts.YARDSTICKS.items()
+    ]
     return rows
 
 
@@ -82,21 +101,37 @@ def _thumbnail(data: bytes) -> bytes:
 
 
 def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>dgx_assets quality report</title>"
-             f"<style>{_STYLE}</style></head><body><h1>dgx_assets quality report</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>dgx_assets quality report</title>"
+        f"<style>{_STYLE}</style></head><body><h1>dgx_assets quality report</h1>"
+    ]
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons)
-    parts.append(f"<div class='verdict {verdict.level}' id='verdict'><b>Verdict: {verdict.level.upper()}</b>"
-                 f"<ul>{reasons}</ul></div>")
+    parts.append(
+        f"<div class='verdict {verdict.level}' id='verdict'><b>Verdict: {verdict.level.upper()}</b><ul>{reasons}</ul></div>"
+    )
     # The first screen: the figures people ask for first, and where to click next.
     parts.append(_key_figures(data))
-    parts.append("<h2 id='links'>Links</h2><ul class='links'>" + "".join(
-        f"<li>{html.escape(name)}: <a href='{html.escape(url)}'>{html.escape(url)}</a></li>" for name, url in links.items()
-    ) + "</ul>")
+    parts.append(
+        "<h2 id='links'>Links</h2><ul class='links'>"
+        + "".join(
+            f"<li>{html.escape(name)}: <a href='{html.escape(url)}'>{html.escape(url)}</a></li>" for name, url in links.items()
+        )
+        + "</ul>"
+    )
 
     parts.append("<h2 id='ingestion'>Ingestion per batch</h2>")
     if data.batches:
-        rows = [[b, s["files_listed"], s["valid"], ", ".join(f"{k}: {v}" for k, v in s["quarantined"].items()) or "none",
-                 ", ".join(f"{k}: {v}" for k, v in s["labels"].items()), s["bytes"]] for b, s in data.batches.items()]
+        rows = [
+            [
+                b,
+                s["files_listed"],
+                s["valid"],
+                ", ".join(f"{k}: {v}" for k, v in s["quarantined"].items()) or "none",
+                ", ".join(f"{k}: {v}" for k, v in s["labels"].items()),
+                s["bytes"],
+            ]
+            for b, s in data.batches.items()
+        ]
         parts.append(_table(["batch", "files listed", "valid", "quarantined by reason", "label balance", "bytes"], rows))
         parts.append(_img(charts.ingestion_bars(data.batches), "files per batch"))
     else:
@@ -106,8 +141,10 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
     great = [c for c in data.checks if c.great_expectations]
     parts.append(_checks_table(great) if great else "<p class='muted'>No Great Expectations suite has run yet.</p>")
     if data.ge_data_docs:
-        parts.append(f"<p><a href='{html.escape(data.ge_data_docs)}'>Great Expectations data docs</a> "
-                     "(every validation, named asset.check[batch])</p>")
+        parts.append(
+            f"<p><a href='{html.escape(data.ge_data_docs)}'>Great Expectations data docs</a> "
+            "(every validation, named asset.check[batch])</p>"
+        )
     others = [c for c in data.checks if not c.great_expectations]
     if others:
         parts.append("<h3 id='other-checks'>Other checks</h3>" + _checks_table(others))
@@ -116,11 +153,19 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
     if data.statistics:
         for name, values in data.statistics.items():
             parts.append(_img(charts.statistic_boxes(values["per_batch"], values["reference"], name), name))
-        parts.append("<p>Each batch against the training data (two-sample Kolmogorov–Smirnov): flagged when "
-                     "KS &gt; 0.3 and p &lt; 0.01.</p>")
-        parts.append(_table(["batch", "statistic", "KS statistic", "p-value", "drift"],
-                            [[d["batch"], d["statistic"], d["ks"], f"{d['p_value']:.2g}", "FLAGGED" if d["flagged"] else "no"]
-                             for d in data.ks]))
+        parts.append(
+            "<p>Each batch against the training data (two-sample Kolmogorov–Smirnov): flagged when "
+            "KS &gt; 0.3 and p &lt; 0.01.</p>"
+        )
+        parts.append(
+            _table(
+                ["batch", "statistic", "KS statistic", "p-value", "drift"],
+                [
+                    [d["batch"], d["statistic"], d["ks"], f"{d['p_value']:.2g}", "FLAGGED" if d["flagged"] else "no"]
+                    for d in data.ks
+                ],
+            )
+        )
         if not data.drift:
             parts.append("<p class='ok'>No batch drifted from the training data.</p>")
     else:
@@ -132,35 +177,70 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
     if model:
         metrics = model.get("test_metrics", {})
         edge_accuracy = (data.edge or {}).get("tflite_test_accuracy")
-        parts.append(_img(charts.accuracy_bars(metrics.get("accuracy", 0.0), metrics.get("majority_baseline_accuracy"),
-                                               edge_accuracy), "accuracy"))
+        parts.append(
+            _img(
+                charts.accuracy_bars(metrics.get("accuracy", 0.0), metrics.get("majority_baseline_accuracy"), edge_accuracy),
+                "accuracy",
+            )
+        )
         classes = model.get("class_names", [])
-        parts.append(_table(["class", "precision", "recall", "F1", "support"],
-                            [[c, metrics.get(f"precision_{c}"), metrics.get(f"recall_{c}"), metrics.get(f"f1_{c}"),
-                              metrics.get(f"support_{c}")] for c in classes]))
-        parts.append(_table(["model", "test accuracy", "95 % interval", "test images", "macro-F1"],
-                            _comparison_rows(model, data.edge)))
-        parts.append(_table(["metric", "value"], [[k, metrics.get(k)] for k in
-                                                  ("accuracy", "majority_baseline_accuracy", "macro_f1", "roc_auc")]))
+        parts.append(
+            _table(
+                ["class", "precision", "recall", "F1", "support"],
+                [
+                    [
+                        c,
+                        metrics.get(f"precision_{c}"),
+                        metrics.get(f"recall_{c}"),
+                        metrics.get(f"f1_{c}"),
+                        metrics.get(f"support_{c}"),
+                    ]
+                    for c in classes
+                ],
+            )
+        )
+        parts.append(
+            _table(["model", "test accuracy", "95 % interval", "test images", "macro-F1"], _comparison_rows(model, data.edge))
+        )
+        parts.append(
+            _table(
+                ["metric", "value"],
+                [[k, metrics.get(k)] for k in ("accuracy", "majority_baseline_accuracy", "macro_f1", "roc_auc")],
+            )
+        )
         if model.get("confusion_matrix"):
             parts.append(_img(charts.confusion_heatmap(model["confusion_matrix"], classes), "confusion matrix"))
         if data.curves:
             parts.append(_img(charts.training_curves(data.curves, model.get("best_epoch")), "training curves"))
             if model.get("best_epoch") is not None:
-                parts.append(f"<p>The model keeps the weights of epoch {model['best_epoch']} (the lowest validation "
-                             "loss; early stopping restores them), marked in red.</p>")
-        parts.append(f"<p>{html.escape(model.get('registered_model_name', ''))} version "
-                     f"{html.escape(str(model.get('model_version', '')))}, trained in {model.get('training_seconds')} s "
-                     f"on {html.escape(str(model.get('hardware_kind')))}.</p>")
+                parts.append(
+                    f"<p>The model keeps the weights of epoch {model['best_epoch']} (the lowest validation "
+                    "loss; early stopping restores them), marked in red.</p>"
+                )
+        parts.append(
+            f"<p>{html.escape(model.get('registered_model_name', ''))} version "
+            f"{html.escape(str(model.get('model_version', '')))}, trained in {model.get('training_seconds')} s "
+            f"on {html.escape(str(model.get('hardware_kind')))}.</p>"
+        )
     else:
         parts.append("<p class='muted'>trained_model has not been materialized.</p>")
 
     parts.append(challenger_report.render_html(data.comparison))
     parts.append("<h2 id='edge'>Edge model</h2>")
     if data.edge:
-        keys = ("quantization", "tflite_size_bytes", "keras_size_bytes", "size_ratio", "top1_agreement",
-                "max_probability_difference", "tflite_test_accuracy", "keras_test_accuracy", "tflite_latency_ms",
-                "keras_latency_ms", "latency_ratio")
+        keys = (
+            "quantization",
+            "tflite_size_bytes",
+            "keras_size_bytes",
+            "size_ratio",
+            "top1_agreement",
+            "max_probability_difference",
+            "tflite_test_accuracy",
+            "keras_test_accuracy",
+            "tflite_latency_ms",
+            "keras_latency_ms",
+            "latency_ratio",
+        )
         parts.append(_table(["figure", "value"], [[k, data.edge.get(k)] for k in keys if k in data.edge]))
     else:
         parts.append("<p class='muted'>edge_model has not been materialized.</p>")
@@ -169,15 +249,20 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
     if data.generated:
         parts.append(_table(["status", "images"], [[k, v] for k, v in data.generated["status_counts"].items()]))
         for label, samples in data.generated["samples"].items():
-            thumbs = "".join(f"<figure>{_img(_thumbnail(png), prompt or label)}<figcaption>{html.escape(prompt)}"
-                             "</figcaption></figure>" for png, prompt in samples)
+            thumbs = "".join(
+                f"<figure>{_img(_thumbnail(png), prompt or label)}<figcaption>{html.escape(prompt)}</figcaption></figure>"
+                for png, prompt in samples
+            )
             parts.append(f"<h3>{html.escape(label)}</h3><div class='grid'>{thumbs}</div>")
     else:
         parts.append("<p class='muted'>ernie_generated_images has not been materialized.</p>")
 
     parts.append("<h2 id='hardware'>Hardware baseline</h2>")
-    parts.append(f"<pre>{html.escape(_hardware_text(data.hardware))}</pre>" if data.hardware else
-                 "<p class='muted'>No hardware baseline was logged.</p>")
+    parts.append(
+        f"<pre>{html.escape(_hardware_text(data.hardware))}</pre>"
+        if data.hardware
+        else "<p class='muted'>No hardware baseline was logged.</p>"
+    )
 
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -191,8 +276,12 @@ def _key_figures(data: ReportData) -> str:
         figures.append((f"{valid:,} / {listed:,}", f"valid images in {len(data.batches)} batches"))
     if data.model:
         metrics = data.model.get("test_metrics", {})
-        figures.append((_share(metrics.get("accuracy")),
-                        f"test accuracy (majority baseline {_share(metrics.get('majority_baseline_accuracy'))})"))
+        figures.append(
+            (
+                _share(metrics.get("accuracy")),
+                f"test accuracy (majority baseline {_share(metrics.get('majority_baseline_accuracy'))})",
+            )
+        )
     if data.edge:
         figures.append((_share(data.edge.get("top1_agreement")), "edge model agrees with trained_model"))
     if data.generated:
@@ -200,8 +289,11 @@ def _key_figures(data: ReportData) -> str:
         figures.append((f"{counts.get('valid', 0)} / {sum(counts.values())}", "generated images valid"))
     flagged = len(data.drift) + sum(1 for row in data.label_balance if row["flagged"])
     figures.append((str(flagged), "drift or label-shift flags"))
-    return "<div class='figures'>" + "".join(
-        f"<div class='figure'><b>{html.escape(value)}</b>{html.escape(label)}</div>" for value, label in figures) + "</div>"
+    return (
+        "<div class='figures'>"
+        + "".join(f"<div class='figure'><b>{html.escape(value)}</b>{html.escape(label)}</div>" for value, label in figures)
+        + "</div>"
+    )
 
 
 def _share(value) -> str:
@@ -210,9 +302,18 @@ def _share(value) -> str:
 
 def _checks_table(checks) -> str:
     """Result per check and batch; the last columns say what a passed check found, or what to fix."""
-    rows = [[c.asset, c.check, c.partition or "", "passed" if c.passed else "FAILED",
-             "blocking" if c.blocking else "warning", c.summary if c.passed else "", "" if c.passed else c.summary]
-            for c in checks]
+    rows = [
+        [
+            c.asset,
+            c.check,
+            c.partition or "",
+            "passed" if c.passed else "FAILED",
+            "blocking" if c.blocking else "warning",
+            c.summary if c.passed else "",
+            "" if c.passed else c.summary,
+        ]
+        for c in checks
+    ]
     return _table(["asset", "check", "batch", "result", "kind", "found", "what to fix"], rows)
 
 
@@ -221,17 +322,29 @@ def _label_balance(data: ReportData) -> str:
     if not data.label_balance:
         return ""
     classes = sorted({c for row in data.label_balance for c in row["shares"]})
-    rows = [[row["batch"], *(f"{row['shares'].get(c, 0):.0%}" for c in classes),
-             f"{row['class']} {row['points']:+.1f} points ({row['share']:.0%} vs {row['others_share']:.0%})",
-             f"{row['p_value']:.2g}", "FLAGGED" if row["flagged"] else "no"] for row in data.label_balance]
+    rows = [
+        [
+            row["batch"],
+            *(f"{row['shares'].get(c, 0):.0%}" for c in classes),
+            f"{row['class']} {row['points']:+.1f} points ({row['share']:.0%} vs {row['others_share']:.0%})",
+            f"{row['p_value']:.2g}",
+            "FLAGGED" if row["flagged"] else "no",
+        ]
+        for row in data.label_balance
+    ]
     flagged = [row["batch"] for row in data.label_balance if row["flagged"]]
-    return ("<h3 id='label-balance'>Label balance per batch</h3>"
-            + _img(charts.label_shares(data.batches), "label balance per batch")
-            + "<p>Each batch's class shares against the other batches pooled: flagged when a share is 10 points or "
-              "more away and a chi-square test gives p &lt; 0.01.</p>"
-            + _table(["batch", *(f"{c} share" for c in classes), "largest gap to the other batches", "p-value", "shift"], rows)
-            + (f"<p class='flag'>Label balance shifted in {', '.join(flagged)}.</p>" if flagged
-               else "<p class='ok'>No batch's label balance stands out.</p>"))
+    return (
+        "<h3 id='label-balance'>Label balance per batch</h3>"
+        + _img(charts.label_shares(data.batches), "label balance per batch")
+        + "<p>Each batch's class shares against the other batches pooled: flagged when a share is 10 points or "
+        "more away and a chi-square test gives p &lt; 0.01.</p>"
+        + _table(["batch", *(f"{c} share" for c in classes), "largest gap to the other batches", "p-value", "shift"], rows)
+        + (
+            f"<p class='flag'>Label balance shifted in {', '.join(flagged)}.</p>"
+            if flagged
+            else "<p class='ok'>No batch's label balance stands out.</p>"
+        )
+    )
 
 
 def _hardware_text(hardware: dict) -> str:
@@ -247,17 +360,21 @@ def render_markdown(data: ReportData, verdict: Verdict, report_path: str) -> str
     lines = [f"**Verdict: {verdict.level.upper()}**", ""] + [f"- {r}" for r in verdict.reasons] + [""]
     if data.batches:
         lines += ["| batch | files | valid | quarantined |", "|---|---|---|---|"]
-        lines += [f"| {b} | {s['files_listed']} | {s['valid']} | {sum(s['quarantined'].values())} |"
-                  for b, s in data.batches.items()]
+        lines += [
+            f"| {b} | {s['files_listed']} | {s['valid']} | {sum(s['quarantined'].values())} |" for b, s in data.batches.items()
+        ]
         lines += [""]
     figures = []
     if data.model:
         metrics = data.model.get("test_metrics", {})
-        figures.append(f"Model test accuracy {_share(metrics.get('accuracy'))} "
-                       f"(majority baseline {_share(metrics.get('majority_baseline_accuracy'))})")
+        figures.append(
+            f"Model test accuracy {_share(metrics.get('accuracy'))} "
+            f"(majority baseline {_share(metrics.get('majority_baseline_accuracy'))})"
+        )
     if data.edge:
-        figures.append(f"Edge model: agreement {_share(data.edge.get('top1_agreement'))}, "
-                       f"size ratio {_fmt(data.edge.get('size_ratio'))}")
+        figures.append(
+            f"Edge model: agreement {_share(data.edge.get('top1_agreement'))}, size ratio {_fmt(data.edge.get('size_ratio'))}"
+        )
     if data.generated:
         figures.append("Generated images: " + ", ".join(f"{k} {v}" for k, v in data.generated["status_counts"].items()))
     lines += [f"- {figure}" for figure in figures] + ([""] if figures else [])

@@ -107,8 +107,10 @@ class ServingApp:
         started = time.monotonic()
         scope.setdefault("state", {})
         headers = dict(scope["headers"])
-        seen = {"body_done": headers.get(b"content-length", b"0").strip() == b"0"
-                and b"transfer-encoding" not in headers, "status": DISCONNECTED}
+        seen = {
+            "body_done": headers.get(b"content-length", b"0").strip() == b"0" and b"transfer-encoding" not in headers,
+            "status": DISCONNECTED,
+        }
 
         async def guarded_receive():
             message = await receive()
@@ -136,12 +138,20 @@ class ServingApp:
             # The path without its query string (tokens and other secrets travel there), cut short; the
             # log formatter escapes control characters.
             client = scope.get("client") or ("-", 0)
-            log.info('%s "%s %s" %s%s %.1f ms', client[0], scope["method"], scope["path"][:200], seen["status"],
-                     f" err {code}" if code else "", seconds * 1000)
+            log.info(
+                '%s "%s %s" %s%s %.1f ms',
+                client[0],
+                scope["method"],
+                scope["path"][:200],
+                seen["status"],
+                f" err {code}" if code else "",
+                seconds * 1000,
+            )
 
     def route_label(self, path: str) -> str:
-        return {OPENAI_ROUTE: "openai", self.pipeline_path: "pipeline", "/status": "status",
-                "/metrics": "metrics"}.get(path, "other")
+        return {OPENAI_ROUTE: "openai", self.pipeline_path: "pipeline", "/status": "status", "/metrics": "metrics"}.get(
+            path, "other"
+        )
 
     # --- plain routes -----------------------------------------------------------------------------------
     async def status(self, request: Request) -> Response:
@@ -174,12 +184,14 @@ class ServingApp:
         path = request.url.path
         if exc.status_code == 405:
             allow = (exc.headers or {}).get("Allow", "")
-            error = ApiError(405, protocol.METHOD_NOT_ALLOWED,
-                             f"method {request.method} is not allowed on {path[:100]!r}; use {allow}",
-                             headers={"Allow": allow})
+            error = ApiError(
+                405,
+                protocol.METHOD_NOT_ALLOWED,
+                f"method {request.method} is not allowed on {path[:100]!r}; use {allow}",
+                headers={"Allow": allow},
+            )
         elif exc.status_code == 404:
-            error = ApiError(404, protocol.NOT_FOUND,
-                             f"no route {path[:100]!r}; use {OPENAI_ROUTE} or {self.pipeline_path}")
+            error = ApiError(404, protocol.NOT_FOUND, f"no route {path[:100]!r}; use {OPENAI_ROUTE} or {self.pipeline_path}")
         else:
             error = ApiError(exc.status_code, protocol.BAD_INPUT, str(exc.detail))
         return self.error_response(request, error)
@@ -224,8 +236,9 @@ class ServingApp:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode()):
             return
-        raise ApiError(401, protocol.UNAUTHORIZED, "missing or wrong bearer token",
-                       headers={"WWW-Authenticate": 'Bearer realm="ernie"'})
+        raise ApiError(
+            401, protocol.UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": 'Bearer realm="ernie"'}
+        )
 
     async def read_json(self, request: Request) -> dict:
         """The body as a JSON object: refused from Content-Length alone when over the limit, cut off when a
@@ -245,8 +258,7 @@ class ServingApp:
                     if len(raw) > limit:
                         raise ApiError(413, protocol.BODY_TOO_LARGE, f"body is over the {limit} byte limit")
         except TimeoutError:
-            raise ApiError(408, protocol.READ_TIMEOUT,
-                           f"body not received within {self.config.body_timeout_s:g}s") from None
+            raise ApiError(408, protocol.READ_TIMEOUT, f"body not received within {self.config.body_timeout_s:g}s") from None
         except ClientDisconnect:
             raise Disconnected from None
         # Invalid UTF-8 is replaced, not refused: one bad byte in a prompt should not cost the image.
@@ -264,8 +276,7 @@ class ServingApp:
     async def run_model(self, request: Request, route: str, parsed: protocol.GenerationRequest, logid) -> bytes:
         config = self.config
         if self.admitted >= config.concurrency + config.max_queue:
-            raise ApiError(503, protocol.QUEUE_FULL,
-                           f"server full: {self.admitted} requests running or waiting; retry later")
+            raise ApiError(503, protocol.QUEUE_FULL, f"server full: {self.admitted} requests running or waiting; retry later")
         self.admitted += 1
         submitted = False
         try:
@@ -294,8 +305,7 @@ class ServingApp:
         gone = asyncio.ensure_future(_disconnect(request))
         self.metrics.queued.inc()
         try:
-            await asyncio.wait({acquire, gone}, timeout=self.config.request_timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({acquire, gone}, timeout=self.config.request_timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.metrics.queued.dec()
             gone.cancel()
@@ -307,8 +317,7 @@ class ServingApp:
                 self.slots.release()
             raise Disconnected
         if not got:
-            raise ApiError(503, protocol.TIMEOUT,
-                           f"server busy: no free predictor within {self.config.request_timeout_s:g}s")
+            raise ApiError(503, protocol.TIMEOUT, f"server busy: no free predictor within {self.config.request_timeout_s:g}s")
 
     def infer(self, route: str, parsed: protocol.GenerationRequest, logid) -> bytes:
         """On an inference thread: tokens, images, the reply's JSON bytes (so the event loop only sends)."""
@@ -325,11 +334,27 @@ class ServingApp:
         self.metrics.generated(len(pngs), tokenized.truncated)
         images = [base64.b64encode(png).decode("ascii") for png in pngs]
         if route == "openai":
-            reply = protocol.openai_reply(images, tokenized.used_text, tokenized.truncated, tokenized.total_tokens,
-                                          parsed.seed, parsed.cleaned, int(time.time()))
+            reply = protocol.openai_reply(
+                images,
+                tokenized.used_text,
+                tokenized.truncated,
+                tokenized.total_tokens,
+                parsed.seed,
+                parsed.cleaned,
+                int(time.time()),
+            )
         else:
-            reply = protocol.pipeline_reply(images, tokenized.used_text, tokenized.truncated, tokenized.total_tokens,
-                                            parsed.seed, parsed.width, parsed.height, parsed.cleaned, logid)
+            reply = protocol.pipeline_reply(
+                images,
+                tokenized.used_text,
+                tokenized.truncated,
+                tokenized.total_tokens,
+                parsed.seed,
+                parsed.width,
+                parsed.height,
+                parsed.cleaned,
+                logid,
+            )
         return json.dumps(reply, ensure_ascii=False).encode("utf-8")
 
     # --- replies ------------------------------------------------------------------------------------------
@@ -356,5 +381,6 @@ async def _disconnect(request: Request) -> None:
 
 
 def json_response(status: int, body: dict, headers: dict | None = None) -> Response:
-    return Response(json.dumps(body, ensure_ascii=False).encode("utf-8"), status_code=status, headers=headers,
-                    media_type=JSON_TYPE)
+    return Response(
+        json.dumps(body, ensure_ascii=False).encode("utf-8"), status_code=status, headers=headers, media_type=JSON_TYPE
+    )

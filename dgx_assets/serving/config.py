@@ -19,11 +19,27 @@ from pathlib import Path
 DEFAULT_MAX_BODY_BYTES = 16 * 1024
 DEFAULT_ENGINE = "dgx_assets.serving.engine:load_engine"
 # Paddle Serving keys that are valid in an operator's file but mean nothing to this server.
-IGNORED_KEYS = {"rpc_port", "worker_num", "build_dag_each_worker", "dag", "grpc_gateway_port", "prometheus_port",
-                "enable_prometheus"}
+IGNORED_KEYS = {
+    "rpc_port",
+    "worker_num",
+    "build_dag_each_worker",
+    "dag",
+    "grpc_gateway_port",
+    "prometheus_port",
+    "enable_prometheus",
+}
 IGNORED_OP_KEYS = {"client_type", "retry", "batch_size", "auto_batching_timeout"}
-IGNORED_SERVICE_KEYS = {"fetch_list", "precision", "use_calib", "use_mkldnn", "mkldnn_cache_capacity",
-                        "mkldnn_op_list", "mkldnn_bf16_op_list", "min_subgraph_size", "use_ascend_cl"}
+IGNORED_SERVICE_KEYS = {
+    "fetch_list",
+    "precision",
+    "use_calib",
+    "use_mkldnn",
+    "mkldnn_cache_capacity",
+    "mkldnn_op_list",
+    "mkldnn_bf16_op_list",
+    "min_subgraph_size",
+    "use_ascend_cl",
+}
 
 
 class ConfigError(ValueError):
@@ -147,12 +163,22 @@ def load_config_file(path: str | Path) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     out: dict = {}
-    simple = {"http_port": ("port", int), "host": ("host", str), "token_env": ("token_env", str),
-              "request_timeout_s": ("request_timeout_s", float), "default_size": ("default_size", parse_size),
-              "max_connections": ("max_connections", int), "max_queue": ("max_queue", int),
-              "header_timeout_s": ("header_timeout_s", float), "body_timeout_s": ("body_timeout_s", float),
-              "keep_alive_s": ("keep_alive_s", float), "tls_cert": ("tls_cert", str), "tls_key": ("tls_key", str),
-              "engine": ("engine", str), "engine_options": ("engine_options", parse_options)}
+    simple = {
+        "http_port": ("port", int),
+        "host": ("host", str),
+        "token_env": ("token_env", str),
+        "request_timeout_s": ("request_timeout_s", float),
+        "default_size": ("default_size", parse_size),
+        "max_connections": ("max_connections", int),
+        "max_queue": ("max_queue", int),
+        "header_timeout_s": ("header_timeout_s", float),
+        "body_timeout_s": ("body_timeout_s", float),
+        "keep_alive_s": ("keep_alive_s", float),
+        "tls_cert": ("tls_cert", str),
+        "tls_key": ("tls_key", str),
+        "engine": ("engine", str),
+        "engine_options": ("engine_options", parse_options),
+    }
     for key, value in raw.items():
         if key in simple:
             name, convert = simple[key]
@@ -188,7 +214,7 @@ def _limits(path, value) -> Limits:
 def _op(path, value) -> dict:
     if not isinstance(value, dict) or len(value) != 1:
         raise ConfigError(f"{path}: op must hold exactly one service, e.g. `op: {{ernie_image: {{...}}}}`")
-    (service, settings), = value.items()
+    ((service, settings),) = value.items()
     settings = settings or {}
     out: dict = {"service_name": str(service)}
     for key, item in settings.items():
@@ -234,7 +260,7 @@ def _gpu_ids(path, where, item) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError as error:
-        raise ConfigError(f"{path}: {where}.devices must be GPU ids like \"0,1\", got {item!r}") from error
+        raise ConfigError(f'{path}: {where}.devices must be GPU ids like "0,1", got {item!r}') from error
 
 
 def build_config(config_file: str | None = None, **overrides) -> ServingConfig:

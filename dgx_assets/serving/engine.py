@@ -54,8 +54,10 @@ def find_model(model_dir: str | Path) -> tuple[Path, Path, dict]:
         graphs = sorted(directory.glob("*.json"))
         graphs = [g for g in graphs if g.name != META_FILE and g.with_suffix(".pdiparams").exists()]
         if not graphs:
-            raise FileNotFoundError(f"no Paddle Inference model (<name>.json + <name>.pdiparams) in {directory}; "
-                                    "build one with `dgx-assets build-generator --out DIR`")
+            raise FileNotFoundError(
+                f"no Paddle Inference model (<name>.json + <name>.pdiparams) in {directory}; "
+                "build one with `dgx-assets build-generator --out DIR`"
+            )
         prefix = graphs[0].stem
     graph, params = directory / f"{prefix}.json", directory / f"{prefix}.pdiparams"
     for path in (graph, params):
@@ -67,8 +69,16 @@ def find_model(model_dir: str | Path) -> tuple[Path, Path, dict]:
 class GeneratorEngine:
     """One Paddle predictor per concurrency slot; a slot runs one request at a time, like one GPU stream."""
 
-    def __init__(self, model_dir: str | Path, device: str = "auto", gpu_ids: tuple[int, ...] = (0,),
-                 ir_optim: bool = True, concurrency: int = 1, cpu_threads: int = 1, gpu_memory_mb: int = 512):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str = "auto",
+        gpu_ids: tuple[int, ...] = (0,),
+        ir_optim: bool = True,
+        concurrency: int = 1,
+        cpu_threads: int = 1,
+        gpu_memory_mb: int = 512,
+    ):
         import paddle.inference as paddle_infer
 
         graph, params, self.meta = find_model(model_dir)
@@ -97,8 +107,9 @@ class GeneratorEngine:
     def tokenize(self, prompt: str) -> Tokenized:
         return self.tokenizer.encode(prompt)
 
-    def generate(self, tokenized: Tokenized, seed: int, width: int, height: int, count: int = 1,
-                 timeout_s: float | None = None) -> list[bytes]:
+    def generate(
+        self, tokenized: Tokenized, seed: int, width: int, height: int, count: int = 1, timeout_s: float | None = None
+    ) -> list[bytes]:
         """PNG bytes of `count` images; the same prompt and seed give the same image.
 
         Raises TimeoutError when no predictor frees up within `timeout_s` (the server never lets more
@@ -130,9 +141,15 @@ class GeneratorEngine:
 
 def load_engine(config) -> GeneratorEngine:
     """The default engine: the exported generator in `config.model_dir` (a ServingConfig)."""
-    engine = GeneratorEngine(config.model_dir, device=config.device, gpu_ids=config.gpu_ids,
-                             ir_optim=config.ir_optim, concurrency=config.concurrency,
-                             cpu_threads=config.cpu_threads, gpu_memory_mb=config.gpu_memory_mb)
+    engine = GeneratorEngine(
+        config.model_dir,
+        device=config.device,
+        gpu_ids=config.gpu_ids,
+        ir_optim=config.ir_optim,
+        concurrency=config.concurrency,
+        cpu_threads=config.cpu_threads,
+        gpu_memory_mb=config.gpu_memory_mb,
+    )
     if config.limits.max_prompt_tokens:
         engine.tokenizer.max_tokens = min(engine.tokenizer.max_tokens, config.limits.max_prompt_tokens)
     return engine
@@ -157,6 +174,8 @@ def _choose_device(device: str, gpu_ids: tuple[int, ...]) -> DeviceChoice:
         return DeviceChoice("gpu", gpu_ids[0] if gpu_ids else 0)
     if device == "gpu":
         # Asked for a GPU and none is usable: say so loudly rather than silently run on the CPU.
-        raise RuntimeError("device 'gpu' requested but this paddle build has no CUDA or no GPU is visible "
-                           "(install paddlepaddle-gpu and check CUDA_VISIBLE_DEVICES)")
+        raise RuntimeError(
+            "device 'gpu' requested but this paddle build has no CUDA or no GPU is visible "
+            "(install paddlepaddle-gpu and check CUDA_VISIBLE_DEVICES)"
+        )
     return DeviceChoice("cpu", None, "no GPU visible to paddle: running on the CPU")

@@ -77,13 +77,17 @@ class Decoder(nn.Layer):
             raise ValueError(f"image_size must be a multiple of 4, got {size}")
         self.quarter, self.channels = size // 4, channels
         self.dense = nn.Sequential(
-            nn.Linear(z_dim + text_dim, hidden), nn.LeakyReLU(0.2),
-            nn.Linear(hidden, channels * self.quarter**2), nn.LeakyReLU(0.2),
+            nn.Linear(z_dim + text_dim, hidden),
+            nn.LeakyReLU(0.2),
+            nn.Linear(hidden, channels * self.quarter**2),
+            nn.LeakyReLU(0.2),
         )
         self.upsample = nn.Sequential(
-            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2D(channels, channels // 2, 3, padding=1),
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2D(channels, channels // 2, 3, padding=1),
             nn.LeakyReLU(0.2),
-            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2D(channels // 2, 1, 3, padding=1),
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2D(channels // 2, 1, 3, padding=1),
         )
 
     def forward(self, z, condition):
@@ -96,8 +100,7 @@ class Encoder(nn.Layer):
 
     def __init__(self, z_dim: int, text_dim: int, size: int, hidden: int):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(size * size + text_dim, hidden), nn.LeakyReLU(0.2),
-                                  nn.Linear(hidden, 2 * z_dim))
+        self.body = nn.Sequential(nn.Linear(size * size + text_dim, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, 2 * z_dim))
 
     def forward(self, images, condition):
         stats = self.body(paddle.concat([images.flatten(start_axis=1), condition], axis=1))
@@ -145,7 +148,7 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
     for epoch in range(settings.epochs):
         order = np.random.default_rng(settings.seed + epoch).permutation(count)
         for start in range(0, count, settings.batch_size):
-            batch = order[start:start + settings.batch_size]
+            batch = order[start : start + settings.batch_size]
             tokens = paddle.to_tensor(_pad_batch([_caption_ids(tokenizer, data.conditions[i], rng) for i in batch]))
             images = paddle.to_tensor(data.images[batch])
             condition = text(tokens)
@@ -172,8 +175,10 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Any prompt length up to max_tokens: the server pads a request only to its own longest prompt.
-    specs = [paddle.static.InputSpec([None, None], "int64", "tokens"),
-             paddle.static.InputSpec([None, settings.z_dim], "float32", "z")]
+    specs = [
+        paddle.static.InputSpec([None, None], "int64", "tokens"),
+        paddle.static.InputSpec([None, settings.z_dim], "float32", "z"),
+    ]
     paddle.jit.save(generator, str(out / MODEL_PREFIX), input_spec=specs)
     meta = {
         "model_prefix": MODEL_PREFIX,

@@ -27,23 +27,31 @@ class Metrics:
         disable_created_metrics()  # the *_created series double the page and nothing here reads them
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)
-        self.requests = Counter("ernie_serving_requests", "HTTP requests by route and status code.",
-                                ("route", "code"), registry=registry)
-        self.errors = Counter("ernie_serving_errors", "Failed requests by error code (pipeline err_no).",
-                              ("code",), registry=registry)
-        self.latency = Histogram("ernie_serving_request_duration_seconds", "Time from request head to reply.",
-                                 ("route",), buckets=LATENCY_BUCKETS, registry=registry)
+        self.requests = Counter(
+            "ernie_serving_requests", "HTTP requests by route and status code.", ("route", "code"), registry=registry
+        )
+        self.errors = Counter(
+            "ernie_serving_errors", "Failed requests by error code (pipeline err_no).", ("code",), registry=registry
+        )
+        self.latency = Histogram(
+            "ernie_serving_request_duration_seconds",
+            "Time from request head to reply.",
+            ("route",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.in_flight = Gauge("ernie_serving_in_flight", "Requests being handled now.", registry=registry)
-        self.queued = Gauge("ernie_serving_queued", "Generation requests waiting for a predictor.",
-                            registry=registry)
+        self.queued = Gauge("ernie_serving_queued", "Generation requests waiting for a predictor.", registry=registry)
         self.connections = Gauge("ernie_serving_connections", "Open client connections.", registry=registry)
         self.images = Counter("ernie_serving_images", "Images generated.", registry=registry)
-        self.truncated = Counter("ernie_serving_prompts_truncated", "Prompts cut to the model's token limit.",
-                                 registry=registry)
-        self.closed = Counter("ernie_serving_connections_closed",
-                              "Connections the server closed on a limit, by reason.", ("reason",), registry=registry)
-        self.model_ready = Gauge("ernie_serving_model_ready", "1 when the model is loaded and serving.",
-                                 registry=registry)
+        self.truncated = Counter("ernie_serving_prompts_truncated", "Prompts cut to the model's token limit.", registry=registry)
+        self.closed = Counter(
+            "ernie_serving_connections_closed",
+            "Connections the server closed on a limit, by reason.",
+            ("reason",),
+            registry=registry,
+        )
+        self.model_ready = Gauge("ernie_serving_model_ready", "1 when the model is loaded and serving.", registry=registry)
 
     def finished(self, route: str, status: int, seconds: float, error_code: int | None) -> None:
         self.requests.labels(route, str(status)).inc()

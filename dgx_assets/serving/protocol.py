@@ -143,12 +143,35 @@ def _integer(value, name: str, code: int) -> int:
     raise bad(code, f"{name} must be an integer, got {str(value)[:20]!r}")
 
 
-def pipeline_reply(images_b64: list[str], used_prompt: str, truncated: bool, tokens: int, seed: int,
-                   width: int, height: int, cleaned: bool, logid=None) -> dict:
-    keys = ["image"] * len(images_b64) + ["truncated", "prompt_tokens", "used_prompt", "seed", "width", "height",
-                                          "prompt_cleaned"]
-    values = list(images_b64) + [str(truncated).lower(), str(tokens), used_prompt, str(seed), str(width), str(height),
-                                 str(cleaned).lower()]
+def pipeline_reply(
+    images_b64: list[str],
+    used_prompt: str,
+    truncated: bool,
+    tokens: int,
+    seed: int,
+    width: int,
+    height: int,
+    cleaned: bool,
+    logid=None,
+) -> dict:
+    keys = ["image"] * len(images_b64) + [
+        "truncated",
+        "prompt_tokens",
+        "used_prompt",
+        "seed",
+        "width",
+        "height",
+        "prompt_cleaned",
+    ]
+    values = list(images_b64) + [
+        str(truncated).lower(),
+        str(tokens),
+        used_prompt,
+        str(seed),
+        str(width),
+        str(height),
+        str(cleaned).lower(),
+    ]
     reply = {"err_no": 0, "err_msg": "", "key": keys, "value": values}
     if logid is not None:
         reply["logid"] = logid
@@ -162,8 +185,9 @@ def pipeline_error(error: ApiError, logid=None) -> dict:
     return reply
 
 
-def openai_reply(images_b64: list[str], used_prompt: str, truncated: bool, tokens: int, seed: int,
-                 cleaned: bool, created: int) -> dict:
+def openai_reply(
+    images_b64: list[str], used_prompt: str, truncated: bool, tokens: int, seed: int, cleaned: bool, created: int
+) -> dict:
     return {
         "created": created,
         "data": [{"b64_json": image, "revised_prompt": used_prompt} for image in images_b64],

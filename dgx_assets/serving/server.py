@@ -86,8 +86,7 @@ def guarded_protocol(config: ServingConfig, metrics: Metrics) -> type[H11Protoco
             self.header_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 metrics.closed.labels("header_timeout").inc()
-                self._refuse(408, protocol.READ_TIMEOUT,
-                             f"request head not received within {config.header_timeout_s:g}s")
+                self._refuse(408, protocol.READ_TIMEOUT, f"request head not received within {config.header_timeout_s:g}s")
 
         def _refuse(self, status: int, code: int, message: str) -> None:
             """A JSON error written straight to the socket (there may be no request to answer), then close."""
@@ -95,9 +94,13 @@ def guarded_protocol(config: ServingConfig, metrics: Metrics) -> type[H11Protoco
             self._unset_keepalive_if_required()
             error = ApiError(status, code, message)
             body = json.dumps(protocol.openai_error(error)).encode()
-            head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "content-type: application/json",
-                    f"content-length: {len(body)}", "connection: close",
-                    *(f"{name.lower()}: {value}" for name, value in error.headers.items())]
+            head = [
+                f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
+                "content-type: application/json",
+                f"content-length: {len(body)}",
+                "connection: close",
+                *(f"{name.lower()}: {value}" for name, value in error.headers.items()),
+            ]
             self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
             self.transport.close()
 
@@ -157,8 +160,11 @@ def _raise_open_file_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        log.warning("open file limit %s is below max_connections + 256 (%s): connections past it are refused "
-                    "by the kernel, not answered", soft, wanted)
+        log.warning(
+            "open file limit %s is below max_connections + 256 (%s): connections past it are refused by the kernel, not answered",
+            soft,
+            wanted,
+        )
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -185,17 +191,25 @@ def serve(config: ServingConfig, port_file: str | None = None, engine_factory=No
         log.error("no model: pass --model-dir or set op.<service>.local_service_conf.model_config")
         return 2
     if config.host not in ("127.0.0.1", "localhost", "::1") and not token:
-        log.warning("listening on %s without a bearer token: anyone who can reach this port can use the GPU",
-                    config.host)
+        log.warning("listening on %s without a bearer token: anyone who can reach this port can use the GPU", config.host)
     metrics = Metrics()
     model = ModelHolder(config, engine_factory)
     app = ServingApp(config, token, model, metrics)
     uv_config = uvicorn.Config(
-        app, http=guarded_protocol(config, metrics), lifespan="off", access_log=False, log_config=None,
-        proxy_headers=False, server_header=False, timeout_keep_alive=config.keep_alive_s,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048,
-        ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key,
-        ssl_context_factory=_tls_context if config.tls_cert else None)
+        app,
+        http=guarded_protocol(config, metrics),
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=config.keep_alive_s,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        backlog=2048,
+        ssl_certfile=config.tls_cert,
+        ssl_keyfile=config.tls_key,
+        ssl_context_factory=_tls_context if config.tls_cert else None,
+    )
     try:
         uv_config.load()  # reads the certificate and key now, so a bad one stops the start with its reason
     except (OSError, ssl.SSLError) as error:
@@ -231,6 +245,7 @@ def serve(config: ServingConfig, port_file: str | None = None, engine_factory=No
 
 
 # --- logging ---------------------------------------------------------------------------------------------
+
 
 def escape_controls(text: str) -> str:
     """Control and format characters (ANSI escapes, newlines, bidi overrides) as visible escapes, so a URL

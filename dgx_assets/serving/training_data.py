@@ -27,8 +27,13 @@ CONDITION_WORDS = {
     "poly": ["poly", "polycrystalline", "multicrystalline", "多晶", "多晶硅"],
 }
 SUBJECT_WORDS = [
-    "electroluminescence image of a solar cell", "EL image of a photovoltaic cell", "solar cell", "cell",
-    "太阳能电池片的电致发光图像", "光伏电池片", "电池片",
+    "electroluminescence image of a solar cell",
+    "EL image of a photovoltaic cell",
+    "solar cell",
+    "cell",
+    "太阳能电池片的电致发光图像",
+    "光伏电池片",
+    "电池片",
 ]
 
 

@@ -8,8 +8,8 @@ an executor holds several GPUs and ``spark.python.worker.reuse`` is on, which is
 
 Usage inside a ``mapInPandas`` / ``predict_batch_udf`` function::
 
-    binding = bind_task_gpus()      # before anything imports tensorflow
-    tf = binding.tensorflow()       # imports and configures TensorFlow once per worker
+    binding = bind_task_gpus()  # before anything imports tensorflow
+    tf = binding.tensorflow()  # imports and configures TensorFlow once per worker
 
 No TensorFlow import happens at module level here, on purpose.
 """

@@ -62,24 +62,28 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         return common | gpu | {"spark.master": master}
     if not master.startswith("k8s://"):
         raise ValueError(f"DGX_SPARK_MASTER={master!r}: the k8s profile needs a k8s://https://host:port URL")
-    return common | gpu | {
-        "spark.master": master,
-        "spark.submit.deployMode": "client",
-        "spark.kubernetes.namespace": settings.k8s_namespace(),
-        "spark.kubernetes.container.image": settings.spark_image(),
-        "spark.executor.instances": "2",
-        "spark.kubernetes.executor.request.cores": "4",
-        "spark.kubernetes.executor.limit.cores": "4",
-        "spark.executor.resource.gpu.vendor": "nvidia.com",
-        "spark.executor.resource.gpu.discoveryScript": "/opt/dgx_assets/deploy/spark/gpu-discovery.sh",
-        "spark.kubernetes.executor.node.selector.nvidia.com/gpu.present": "true",
-        # The template adds the GPU-node toleration and a non-root user (deploy/spark/executor-pod-template.yaml).
-        "spark.kubernetes.executor.podTemplateFile": "/opt/dgx_assets/deploy/spark/executor-pod-template.yaml",
-        "spark.kubernetes.executor.podTemplateContainerName": "executor",
-        # Client mode: the step pod is the driver; executors reach it on the pod's own address.
-        "spark.driver.host": settings.pod_ip(),
-        "spark.driver.bindAddress": "0.0.0.0",
-    }
+    return (
+        common
+        | gpu
+        | {
+            "spark.master": master,
+            "spark.submit.deployMode": "client",
+            "spark.kubernetes.namespace": settings.k8s_namespace(),
+            "spark.kubernetes.container.image": settings.spark_image(),
+            "spark.executor.instances": "2",
+            "spark.kubernetes.executor.request.cores": "4",
+            "spark.kubernetes.executor.limit.cores": "4",
+            "spark.executor.resource.gpu.vendor": "nvidia.com",
+            "spark.executor.resource.gpu.discoveryScript": "/opt/dgx_assets/deploy/spark/gpu-discovery.sh",
+            "spark.kubernetes.executor.node.selector.nvidia.com/gpu.present": "true",
+            # The template adds the GPU-node toleration and a non-root user (deploy/spark/executor-pod-template.yaml).
+            "spark.kubernetes.executor.podTemplateFile": "/opt/dgx_assets/deploy/spark/executor-pod-template.yaml",
+            "spark.kubernetes.executor.podTemplateContainerName": "executor",
+            # Client mode: the step pod is the driver; executors reach it on the pod's own address.
+            "spark.driver.host": settings.pod_ip(),
+            "spark.driver.bindAddress": "0.0.0.0",
+        }
+    )
 
 
 class SparkResource(dg.ConfigurableResource):

@@ -32,7 +32,10 @@ def hardware_baseline(timeout_s: float = 30.0) -> dict[str, Any]:
         try:
             listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=timeout_s, check=True)
             query = subprocess.run(
-                [smi, "-q", "-d", "POWER,CLOCK,TEMPERATURE"], capture_output=True, text=True, timeout=timeout_s,
+                [smi, "-q", "-d", "POWER,CLOCK,TEMPERATURE"],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
                 check=True,
             )
             baseline["gpus"] = [line.strip() for line in listing.stdout.splitlines() if line.strip()]

@@ -56,7 +56,12 @@ class FeatureDataset(MetaDataset):
 
 
 def feature_schema() -> Schema:
-    return Schema([
-        ColSpec(DataType.string, "sha256"), ColSpec(DataType.string, "label"), ColSpec(DataType.string, "split"),
-        ColSpec(DataType.binary, "tensor"), ColSpec(DataType.string, "tensor_shape"),
-    ])
+    return Schema(
+        [
+            ColSpec(DataType.string, "sha256"),
+            ColSpec(DataType.string, "label"),
+            ColSpec(DataType.string, "split"),
+            ColSpec(DataType.binary, "tensor"),
+            ColSpec(DataType.string, "tensor_shape"),
+        ]
+    )

@@ -51,34 +51,27 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
             response.raise_for_status()
         except requests.RequestException as exc:
             raise TrackingConfigError(
-                f"MLflow tracking server {uri!r} is unreachable ({type(exc).__name__}: {exc}); "
-                f"start it or fix {TRACKING_SETTING}"
+                f"MLflow tracking server {uri!r} is unreachable ({type(exc).__name__}: {exc}); start it or fix {TRACKING_SETTING}"
             ) from exc
         return
     if scheme == "sqlite":
         database = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
         if not database or database == ":memory:":
-            raise TrackingConfigError(
-                f"{uri!r} is not a sqlite file URI (sqlite:////abs/path.db): fix {TRACKING_SETTING}"
-            )
+            raise TrackingConfigError(f"{uri!r} is not a sqlite file URI (sqlite:////abs/path.db): fix {TRACKING_SETTING}")
         _ensure_writable_dir(Path(database).parent, uri)
         return
     if scheme in ("", "file"):
         _ensure_writable_dir(Path(urlparse(uri).path if scheme else uri), uri)
         return
     if scheme not in ("databricks", "postgresql", "mysql", "mssql"):
-        raise TrackingConfigError(
-            f"unsupported MLflow tracking URI scheme {scheme!r} in {uri!r}: fix {TRACKING_SETTING}"
-        )
+        raise TrackingConfigError(f"unsupported MLflow tracking URI scheme {scheme!r} in {uri!r}: fix {TRACKING_SETTING}")
 
 
 def _ensure_writable_dir(folder: Path, uri: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TrackingConfigError(
-            f"cannot create {folder} for MLflow store {uri!r} ({exc}): fix {TRACKING_SETTING}"
-        ) from exc
+        raise TrackingConfigError(f"cannot create {folder} for MLflow store {uri!r} ({exc}): fix {TRACKING_SETTING}") from exc
     if not os.access(folder, os.W_OK):
         raise TrackingConfigError(f"{folder} for MLflow store {uri!r} is not writable: fix {TRACKING_SETTING}")
 

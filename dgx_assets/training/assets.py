@@ -70,13 +70,15 @@ def image_features(
 ) -> dg.MaterializeResult:
     # A backfill run featurises its batches one after the other in the run's one SparkSession.
     return materialize_batches(
-        context, lambda batch: _featurise_batch(context, batch, config, spark, lake),
+        context,
+        lambda batch: _featurise_batch(context, batch, config, spark, lake),
         lambda batch, result: {"rows": result.metadata["dagster/row_count"], "failed_rows": result.metadata["failed_rows"]},
     )
 
 
-def _featurise_batch(context: dg.AssetExecutionContext, batch: str, config: ImageFeaturesConfig, spark: SparkResource,
-                     lake: LakeResource) -> BatchResult:
+def _featurise_batch(
+    context: dg.AssetExecutionContext, batch: str, config: ImageFeaturesConfig, spark: SparkResource, lake: LakeResource
+) -> BatchResult:
     from dgx_assets.spark.progress import spark_progress
     from dgx_assets.training.config import FeatureConfigError
     from dgx_assets.training.features import build_image_features
@@ -120,7 +122,8 @@ def _featurise_batch(context: dg.AssetExecutionContext, batch: str, config: Imag
             "label_counts": metadata.counts(overview["labels"], "label", "images"),
             "split_counts": metadata.counts(overview["splits"], "split", "images"),
             "image_statistics": metadata.table(
-                ["statistic", "mean", "std"], [[name, v["mean"], v["std"]] for name, v in overview["statistics"].items()]),
+                ["statistic", "mean", "std"], [[name, v["mean"], v["std"]] for name, v in overview["statistics"].items()]
+            ),
             "embedding": config.embedding,
             "path": dg.MetadataValue.path(final),
         }
@@ -144,7 +147,9 @@ def _feature_overview(store, uri: str) -> dict:
         "statistics": {
             name: {"mean": round(float(ok[name].mean()), 5), "std": round(float(ok[name].std()), 5)}
             for name in ("brightness", "contrast", "sharpness")
-        } if len(ok) else {},
+        }
+        if len(ok)
+        else {},
     }
 
 
@@ -177,7 +182,10 @@ class TrainedModelConfig(dg.Config, TrainConfig):
     ),
 )
 def trained_model(
-    context: dg.AssetExecutionContext, config: TrainedModelConfig, lake: LakeResource, mlflow: MlflowResource,
+    context: dg.AssetExecutionContext,
+    config: TrainedModelConfig,
+    lake: LakeResource,
+    mlflow: MlflowResource,
     spark: SparkResource,
 ) -> dg.MaterializeResult:
     from pathlib import Path
@@ -195,8 +203,11 @@ def trained_model(
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
     tracking = mlflow.tracking_config()
     lineage = DagsterLineage(
-        run_id=context.run_id, asset_key=context.asset_key.to_user_string(), partition_keys=tuple(partitions),
-        code_version=TRAINED_MODEL_CODE_VERSION, job_name=context.job_name,
+        run_id=context.run_id,
+        asset_key=context.asset_key.to_user_string(),
+        partition_keys=tuple(partitions),
+        code_version=TRAINED_MODEL_CODE_VERSION,
+        job_name=context.job_name,
     )
     checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
     context.log.info(f"Training on {len(paths)} files of {len(partitions)} image_features partitions")
@@ -223,8 +234,14 @@ def trained_model(
         context.log.info(f"Searched hyperparameters {searched['hyperparameters']} (MLflow run {searched['mlflow_run_id']})")
     try:
         tracked = train_and_track(
-            FeatureFiles(store.fs, tuple(paths)), store.asset_uri("image_features"), train_config,
-            tracking, checkpoints, lineage, log=context.log.info, trainer=trainer,
+            FeatureFiles(store.fs, tuple(paths)),
+            store.asset_uri("image_features"),
+            train_config,
+            tracking,
+            checkpoints,
+            lineage,
+            log=context.log.info,
+            trainer=trainer,
         )
     except (ModelConfigError, TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error

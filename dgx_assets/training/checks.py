@@ -27,8 +27,9 @@ def evaluate_gate(
     reasons = []
     passed = True
     if accuracy >= baseline_accuracy + min_margin:
-        reasons.append(f"test accuracy {accuracy:.4f} beats the majority baseline {baseline_accuracy:.4f} "
-                       f"by at least {min_margin}")
+        reasons.append(
+            f"test accuracy {accuracy:.4f} beats the majority baseline {baseline_accuracy:.4f} by at least {min_margin}"
+        )
     else:
         passed = False
         reasons.append(
@@ -43,14 +44,16 @@ def evaluate_gate(
         reasons.append(f"within {champion_tolerance} of champion v{champion[0]} ({champion[1]:.4f})")
     else:
         passed = False
-        reasons.append(f"{champion[1] - accuracy:.4f} below champion v{champion[0]} ({champion[1]:.4f}), "
-                       f"more than {champion_tolerance}")
+        reasons.append(
+            f"{champion[1] - accuracy:.4f} below champion v{champion[0]} ({champion[1]:.4f}), more than {champion_tolerance}"
+        )
     return GateVerdict(passed, reasons)
 
 
 class ModelGateConfig(dg.Config):
     min_margin_over_baseline: float = Field(
-        0.02, description="Accuracy (fraction) the model must gain over always guessing the majority label")
+        0.02, description="Accuracy (fraction) the model must gain over always guessing the majority label"
+    )
     champion_tolerance: float = Field(0.01, description="Accuracy (fraction) the model may trail the current champion by")
 
 
@@ -59,12 +62,11 @@ class ModelGateConfig(dg.Config):
     asset="trained_model",
     name="beats_baseline_and_champion",
     blocking=True,
-    description=("Test accuracy beats the majority-class baseline by a margin and is within a tolerance of the "
-                 "`champion` version."),
+    description=(
+        "Test accuracy beats the majority-class baseline by a margin and is within a tolerance of the `champion` version."
+    ),
 )
-def beats_baseline_and_champion(
-    config: ModelGateConfig, lake: LakeResource, mlflow: MlflowResource
-) -> dg.AssetCheckResult:
+def beats_baseline_and_champion(config: ModelGateConfig, lake: LakeResource, mlflow: MlflowResource) -> dg.AssetCheckResult:
     from dgx_assets.tracking.registry import CHAMPION_ALIAS, alias_metric
     from dgx_assets.training.outputs import read_model_info
 
@@ -72,8 +74,12 @@ def beats_baseline_and_champion(
     metrics = info["test_metrics"]
     champion = alias_metric(mlflow.resolved_tracking_uri, info["registered_model_name"], CHAMPION_ALIAS, "test_accuracy")
     verdict = evaluate_gate(
-        metrics["accuracy"], metrics["majority_baseline_accuracy"], champion, str(info["model_version"]),
-        config.min_margin_over_baseline, config.champion_tolerance,
+        metrics["accuracy"],
+        metrics["majority_baseline_accuracy"],
+        champion,
+        str(info["model_version"]),
+        config.min_margin_over_baseline,
+        config.champion_tolerance,
     )
     return dg.AssetCheckResult(
         passed=verdict.passed,

@@ -85,7 +85,8 @@ class ModelConfig(BaseModel):
         "mobilenet_v2 or resnet50",
     )
     weights_path: Optional[str] = Field(
-        None, description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
+        None,
+        description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
         "weights), the others a Keras weights file (empty: from scratch)",
     )
     trainable_from_block: int = Field(9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
@@ -102,8 +103,7 @@ class ModelConfig(BaseModel):
 
     def check(self) -> None:
         if self.backbone not in BACKBONES:
-            raise ModelConfigError(
-                f"unknown backbone {self.backbone!r} (setting 'backbone'); choose one of {sorted(BACKBONES)}")
+            raise ModelConfigError(f"unknown backbone {self.backbone!r} (setting 'backbone'); choose one of {sorted(BACKBONES)}")
         if self.weights_path and not os.path.isfile(self.weights_path):
             raise ModelConfigError(
                 f"weights file {self.weights_path!r} (setting 'weights_path') does not exist; "
@@ -134,41 +134,43 @@ class Recipe(BaseModel):
 # Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
 # a high one halved on plateaus.
 RECIPES = {
-    EFFICIENTNET_LITE0: Recipe(epochs=6, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine",
-                               class_weighting=False),
-    SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau",
-                    class_weighting=True),
+    EFFICIENTNET_LITE0: Recipe(
+        epochs=6, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False
+    ),
+    SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau", class_weighting=True),
 }
-_APPLICATION_RECIPE = Recipe(epochs=20, learning_rate=1e-3, patience=5, warmup_epochs=3, schedule="plateau",
-                             class_weighting=True)
+_APPLICATION_RECIPE = Recipe(epochs=20, learning_rate=1e-3, patience=5, warmup_epochs=3, schedule="plateau", class_weighting=True)
 
 
 class TrainConfig(ModelConfig):
     """trained_model: the architecture plus how it is trained. Empty recipe fields come from RECIPES."""
 
     head_warm_start: bool = Field(
-        True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning")
-    epochs: Optional[int] = Field(
-        None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe")
+        True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning"
+    )
+    epochs: Optional[int] = Field(None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe")
     batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
     learning_rate: Optional[float] = Field(None, description="Adam learning rate; empty: the backbone's recipe")
     patience: Optional[int] = Field(
-        None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's")
+        None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's"
+    )
     warmup_epochs: Optional[int] = Field(None, description="First epochs early stopping ignores; empty: the recipe's")
     schedule: Optional[str] = Field(
-        None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); "
-        "empty: the recipe's")
+        None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's"
+    )
     class_weighting: Optional[bool] = Field(
-        None, description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; "
-        "empty: the recipe's")
+        None, description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; empty: the recipe's"
+    )
     seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
     augment: bool = Field(True, description="Random flips and quarter turns of training images")
     mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
     shuffle_buffer: int = Field(2048, description="Training rows shuffled together")
     deterministic: bool = Field(
-        True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)")
+        True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)"
+    )
     distribution: str = Field(
-        "single", description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
+        "single",
+        description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
         "executor (and its GPU), MultiWorkerMirroredStrategy across them, checkpoint_dir shared by the executors; "
         "auto: spark on the standalone and k8s deployments, single on local",
     )
@@ -180,9 +182,9 @@ class TrainConfig(ModelConfig):
     def resolved(self) -> TrainConfig:
         """This config with every recipe field filled in from the backbone's recipe."""
         recipe = RECIPES.get(self.backbone, _APPLICATION_RECIPE)
-        return self.model_copy(update={
-            name: getattr(recipe, name) for name in Recipe.model_fields if getattr(self, name) is None
-        })
+        return self.model_copy(
+            update={name: getattr(recipe, name) for name in Recipe.model_fields if getattr(self, name) is None}
+        )
 
     def check(self) -> None:
         self.model.check()
@@ -196,10 +198,12 @@ class TrainConfig(ModelConfig):
             raise ModelConfigError(f"learning_rate must be positive (setting 'learning_rate'), got {resolved.learning_rate}")
         if self.mixed_precision not in ("auto", "off"):
             raise ModelConfigError(
-                f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}")
+                f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}"
+            )
         if self.distribution not in DISTRIBUTIONS:
             raise ModelConfigError(
-                f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}")
+                f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}"
+            )
         if resolved.schedule not in SCHEDULES:
             raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")
 

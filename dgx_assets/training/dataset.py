@@ -163,13 +163,10 @@ def make_dataset(
 
     # Whole record batches cross into TensorFlow and unbatch() splits them there: a Python call and an
     # array per image cost three times the CPU of reading from memory, and that CPU is the model's.
-    data = (
-        tf.data.Dataset.from_generator(
-            record_batches,
-            output_signature=(tf.TensorSpec((None, *shape), tf.uint8), tf.TensorSpec((None,), tf.int32)),
-        )
-        .unbatch()
-    )
+    data = tf.data.Dataset.from_generator(
+        record_batches,
+        output_signature=(tf.TensorSpec((None, *shape), tf.uint8), tf.TensorSpec((None,), tf.int32)),
+    ).unbatch()
     if shard is None:
         data = data.apply(tf.data.experimental.assert_cardinality(index.rows(split)))
     if shuffle:

@@ -121,8 +121,10 @@ def executor_count(session: Any, wait_s: float = 60.0, settle_s: float = 3.0) ->
             break
         time.sleep(0.25)
     if count < 1:
-        raise DistributedTrainingError(f"no Spark executor registered with the driver within {wait_s:.0f} s "
-                                       f"(master {sc.master}): start workers or use distribution 'single'")
+        raise DistributedTrainingError(
+            f"no Spark executor registered with the driver within {wait_s:.0f} s "
+            f"(master {sc.master}): start workers or use distribution 'single'"
+        )
     return count
 
 
@@ -267,23 +269,35 @@ def _barrier_task(job_bytes: bytes):
         tf_config = {"cluster": {"worker": list(endpoints)}, "task": {"type": "worker", "index": index}}
         with tempfile.TemporaryDirectory(prefix=f"dgx-train-{index}-") as folder:
             spec = Path(folder) / "job.pkl"
-            spec.write_bytes(pickle.dumps({
-                "job": job_bytes, "index": index, "host": host, "spark_gpus": list(binding.addresses or ()),
-                "stage": context.stageId(), "out": folder,
-            }))
+            spec.write_bytes(
+                pickle.dumps(
+                    {
+                        "job": job_bytes,
+                        "index": index,
+                        "host": host,
+                        "spark_gpus": list(binding.addresses or ()),
+                        "stage": context.stageId(),
+                        "out": folder,
+                    }
+                )
+            )
             log = Path(folder) / "worker.log"
             with log.open("wb") as out:
                 done = subprocess.run(
                     [sys.executable, "-m", "dgx_assets.training.distributed", str(spec)],
-                    env=os.environ | {"TF_CONFIG": json.dumps(tf_config)}, stdout=out, stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent, check=False,
+                    env=os.environ | {"TF_CONFIG": json.dumps(tf_config)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                    check=False,
                 )
             tail = _last_words(log.read_bytes().decode(errors="replace"))
             print(tail, file=sys.stderr)  # the executor's log keeps the worker's last words
             if done.returncode != 0:
                 raise DistributedTrainingError(
                     f"training worker {index} on {host} (stage {context.stageId()}) exited with "
-                    f"{done.returncode}; its log ends:\n{tail}")
+                    f"{done.returncode}; its log ends:\n{tail}"
+                )
             yield (Path(folder) / "result.pkl").read_bytes()
 
     return task
@@ -294,7 +308,7 @@ def _last_words(log: str) -> str:
     start = log.rfind("Traceback (most recent call last)")
     if start < 0 or len(log) - start <= _LOG_TAIL:
         return log[-_LOG_TAIL:]
-    return log[start:start + _LOG_TAIL // 2] + "\n[...]\n" + log[-_LOG_TAIL // 2:]
+    return log[start : start + _LOG_TAIL // 2] + "\n[...]\n" + log[-_LOG_TAIL // 2 :]
 
 
 def _free_port(host: str) -> int:
@@ -349,8 +363,17 @@ def _run_worker(spec_path: str) -> None:
     # `per_replica` rows of its own shard.
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    train_data = make_dataset(job.files, index, "train", global_batch, shuffle=True, augment=config.augment,
-                              seed=config.seed, shuffle_buffer=config.shuffle_buffer, shard=shard)
+    train_data = make_dataset(
+        job.files,
+        index,
+        "train",
+        global_batch,
+        shuffle=True,
+        augment=config.augment,
+        seed=config.seed,
+        shuffle_buffer=config.shuffle_buffer,
+        shard=shard,
+    )
     validation_data = make_dataset(job.files, index, "validation", global_batch)
 
     _work_around_keras_multi_worker(model, strategy, next(iter(validation_data.take(1))))
@@ -364,26 +387,36 @@ def _run_worker(spec_path: str) -> None:
         steps_per_epoch=max(1, math.ceil(index.rows("train") / global_batch)),
         epochs=config.epochs,
         initial_epoch=initial_epoch,
-        callbacks=[checkpoint, early_stopping,
-                   train._learning_rate_schedule(config), recorder, counter, *job.extra_callbacks],
+        callbacks=[checkpoint, early_stopping, train._learning_rate_schedule(config), recorder, counter, *job.extra_callbacks],
         verbose=0,
     )
     # Every worker saves (collective-safe: all take part in whatever the save reads); the chief's is kept.
     model_path = Path(spec["out"]) / "model.keras"
     model.save(model_path)
     report = WorkerReport(
-        index=worker, host=spec["host"], pid=os.getpid(), spark_gpus=spec["spark_gpus"],
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), tensorflow_gpus=len(gpus),
-        shard_rows=_shard_rows(job.files, shard, "train"), steps=counter.steps, first_step_at=counter.first_step_at or math.nan,
+        index=worker,
+        host=spec["host"],
+        pid=os.getpid(),
+        spark_gpus=spec["spark_gpus"],
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        tensorflow_gpus=len(gpus),
+        shard_rows=_shard_rows(job.files, shard, "train"),
+        steps=counter.steps,
+        first_step_at=counter.first_step_at or math.nan,
         stage=spec["stage"],
     )
     result = {"worker": report}
     if worker == CHIEF:
         best_epoch = early_stopping.best_epoch if early_stopping.best_weights is not None else None
         result |= {
-            "model": model_path.read_bytes(), "history": recorder.history, "epochs": recorder.epochs,
-            "resumed_from_epoch": initial_epoch, "best_epoch": None if best_epoch is None else int(best_epoch),
-            "replicas": int(strategy.num_replicas_in_sync), "precision_policy": policy, "head_warm_start": head_start,
+            "model": model_path.read_bytes(),
+            "history": recorder.history,
+            "epochs": recorder.epochs,
+            "resumed_from_epoch": initial_epoch,
+            "best_epoch": None if best_epoch is None else int(best_epoch),
+            "replicas": int(strategy.num_replicas_in_sync),
+            "precision_policy": policy,
+            "head_warm_start": head_start,
         }
         for name in (_WEIGHTS, _STATE):  # done: the next run with this fingerprint starts afresh
             (checkpoints / name).unlink(missing_ok=True)

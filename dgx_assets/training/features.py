@@ -32,23 +32,25 @@ from dgx_assets.training.config import FeatureConfig
 RAW_COLUMNS = ["path", "label", "sha256", "width", "height", "split", "content"]
 TASK_BYTES = 128 * 1024 * 1024  # raw bytes one feature task reads, at most, when row groups allow
 
-FEATURE_SCHEMA = pa.schema([
-    ("sha256", pa.string()),  # id of the image (content hash)
-    ("path", pa.string()),
-    ("label", pa.string()),
-    ("split", pa.string()),  # train / validation / test
-    ("source_width", pa.int32()),
-    ("source_height", pa.int32()),
-    ("tensor", pa.binary()),  # uint8 bytes, row-major (height, width, channels)
-    ("tensor_shape", pa.list_(pa.int32())),  # [height, width, channels]
-    ("brightness", pa.float64()),  # mean grey level, 0..1
-    ("contrast", pa.float64()),  # RMS contrast: standard deviation of the grey level, 0..1
-    ("sharpness", pa.float64()),  # variance of the Laplacian of the grey level
-    ("embedding", pa.list_(pa.float32())),  # backbone features when an embedding model is configured, else null
-    ("feature_status", pa.string()),  # "ok" or "error"
-    ("feature_error", pa.string()),  # why, when feature_status is "error"
-    ("feature_device", pa.string()),  # where it was computed: gpu:<address> / cpu in Spark tasks, gpu / cpu outside
-])
+FEATURE_SCHEMA = pa.schema(
+    [
+        ("sha256", pa.string()),  # id of the image (content hash)
+        ("path", pa.string()),
+        ("label", pa.string()),
+        ("split", pa.string()),  # train / validation / test
+        ("source_width", pa.int32()),
+        ("source_height", pa.int32()),
+        ("tensor", pa.binary()),  # uint8 bytes, row-major (height, width, channels)
+        ("tensor_shape", pa.list_(pa.int32())),  # [height, width, channels]
+        ("brightness", pa.float64()),  # mean grey level, 0..1
+        ("contrast", pa.float64()),  # RMS contrast: standard deviation of the grey level, 0..1
+        ("sharpness", pa.float64()),  # variance of the Laplacian of the grey level
+        ("embedding", pa.list_(pa.float32())),  # backbone features when an embedding model is configured, else null
+        ("feature_status", pa.string()),  # "ok" or "error"
+        ("feature_error", pa.string()),  # why, when feature_status is "error"
+        ("feature_device", pa.string()),  # where it was computed: gpu:<address> / cpu in Spark tasks, gpu / cpu outside
+    ]
+)
 FEATURE_COLUMNS = FEATURE_SCHEMA.names
 
 _LAPLACIAN = [[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]]
@@ -59,9 +61,7 @@ def tensor_from_row(tensor: bytes, shape: Iterable[int]) -> np.ndarray:
     return np.frombuffer(tensor, dtype=np.uint8).reshape(tuple(int(s) for s in shape))
 
 
-def compute_features(
-    rows: pd.DataFrame, config: FeatureConfig, device_label: str | None = None, tf: Any = None
-) -> pd.DataFrame:
+def compute_features(rows: pd.DataFrame, config: FeatureConfig, device_label: str | None = None, tf: Any = None) -> pd.DataFrame:
     """Feature rows for a batch of valid raw_images rows (decode, convert, resize, statistics)."""
     if tf is None:
         import tensorflow as tf

@@ -50,9 +50,7 @@ def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> An
     return application(include_top=False, weights=config.weights_path, input_shape=input_shape)
 
 
-def build_classifier(
-    config: ModelConfig, input_shape: tuple[int, int, int], num_classes: int
-) -> Any:
+def build_classifier(config: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> Any:
     """Uncompiled classifier: float32 pixels 0..255 in, softmax over ``num_classes`` out."""
     import keras
 
@@ -117,9 +115,7 @@ def _preprocessing(backbone: str, x: Any) -> Any:
     if backbone == "resnet50":
         # Caffe-style: RGB -> BGR, then subtract the ImageNet means, on the 0..255 scale.
         x = keras.ops.flip(x, axis=-1)
-        return keras.layers.Normalization(
-            mean=list(_CAFFE_BGR_MEAN), variance=[1.0, 1.0, 1.0], name="caffe_preprocessing"
-        )(x)
+        return keras.layers.Normalization(mean=list(_CAFFE_BGR_MEAN), variance=[1.0, 1.0, 1.0], name="caffe_preprocessing")(x)
     if backbone == EFFICIENTNET_LITE0:
         from dgx_assets.backbones.efficientnet_lite import INPUT_MEAN, INPUT_STD
 

@@ -24,8 +24,17 @@ TRAINED_MODEL_ASSET = "trained_model"
 MODEL_FILE = "model.keras"
 INFO_FILE = "model_info.json"
 MODEL_INFO_KEYS = (
-    "class_names", "input_shape", "input_dtype", "input_range", "mlflow_run_id", "mlflow_tracking_uri",
-    "registered_model_name", "model_version", "model_alias", "test_metrics", "feature_files",
+    "class_names",
+    "input_shape",
+    "input_dtype",
+    "input_range",
+    "mlflow_run_id",
+    "mlflow_tracking_uri",
+    "registered_model_name",
+    "model_version",
+    "model_alias",
+    "test_metrics",
+    "feature_files",
 )
 
 

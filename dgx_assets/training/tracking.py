@@ -39,8 +39,16 @@ from dgx_assets.training.dataset import FeatureFiles, scan_features
 from dgx_assets.training.train import TrainingResult, train_classifier
 
 # Imported from here by training's Dagster layer and outputs; defined in dgx_assets.tracking.
-__all__ = ["CANDIDATE_ALIAS", "CHAMPION_ALIAS", "DagsterLineage", "TrackedModel", "TrackingConfig",
-           "TrackingConfigError", "pretrained_weights_params", "train_and_track"]
+__all__ = [
+    "CANDIDATE_ALIAS",
+    "CHAMPION_ALIAS",
+    "DagsterLineage",
+    "TrackedModel",
+    "TrackingConfig",
+    "TrackingConfigError",
+    "pretrained_weights_params",
+    "train_and_track",
+]
 
 
 @dataclasses.dataclass
@@ -90,8 +98,9 @@ def train_and_track(
     checkpoint_dir = str(Path(checkpoint_root) / config.fingerprint(data_digest))
     run_name = setup.run_name
     tags = setup.tags | {"dgx.data_digest": data_digest}
-    dagster_run_url = links.dagster_run(tracking.dagster_ui_url, lineage.run_id) \
-        if tracking.dagster_ui_url and lineage.run_id else None
+    dagster_run_url = (
+        links.dagster_run(tracking.dagster_ui_url, lineage.run_id) if tracking.dagster_ui_url and lineage.run_id else None
+    )
     if dagster_run_url:
         tags["dagster.run_url"] = dagster_run_url
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
@@ -106,9 +115,13 @@ def train_and_track(
         if hardware.get("nvidia_smi_query"):
             mlflow.log_text(hardware["nvidia_smi_query"], "hardware/nvidia-smi-q.txt")
         mlflow.log_dict(
-            {"features_uri": features_uri, "partition_keys": list(lineage.partition_keys),
-             "files": [dataclasses.asdict(e) for e in entries], "split_counts": index.counts,
-             "failed_feature_rows": index.failed_rows},
+            {
+                "features_uri": features_uri,
+                "partition_keys": list(lineage.partition_keys),
+                "files": [dataclasses.asdict(e) for e in entries],
+                "split_counts": index.counts,
+                "failed_feature_rows": index.failed_rows,
+            },
             "datasets/feature_files.json",
         )
         for context, digest, splits in (("training", train_digest, ["train", "validation"]), ("test", test_digest, ["test"])):
@@ -132,22 +145,35 @@ def train_and_track(
 
         if result.head_warm_start is not None:
             mlflow.set_tag("dgx.head_warm_start", result.head_warm_start.reason)
-        mlflow.log_params(result.params | {"global_batch_size": config.batch_size * result.replicas,
-                                           "train_images": index.rows("train"),
-                                           "validation_images": index.rows("validation"),
-                                           "test_images": index.rows("test")})
+        mlflow.log_params(
+            result.params
+            | {
+                "global_batch_size": config.batch_size * result.replicas,
+                "train_images": index.rows("train"),
+                "validation_images": index.rows("validation"),
+                "test_images": index.rows("test"),
+            }
+        )
         # The final evaluation gets a step of its own, after the last epoch: the logged model links the metrics
         # of the step it is logged at, so it carries the test metrics and not an epoch's training metrics.
         evaluation_step = max(result.epochs, default=-1) + 1
         test_metrics = {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
         mlflow.log_metrics(test_metrics | {"training_seconds": result.seconds}, step=evaluation_step)
-        mlflow.set_tags({
-            "dgx.resumed_from_epoch": str(result.resumed_from_epoch),
-            "dgx.best_epoch": str(result.best_epoch),
-            "dgx.class_names": json.dumps(result.class_names),
-        })
-        mlflow.log_dict({"class_names": result.class_names, "class_weights": result.class_weights,
-                         "confusion_matrix": result.test.confusion_matrix}, "evaluation/test_report.json")
+        mlflow.set_tags(
+            {
+                "dgx.resumed_from_epoch": str(result.resumed_from_epoch),
+                "dgx.best_epoch": str(result.best_epoch),
+                "dgx.class_names": json.dumps(result.class_names),
+            }
+        )
+        mlflow.log_dict(
+            {
+                "class_names": result.class_names,
+                "class_weights": result.class_weights,
+                "confusion_matrix": result.test.confusion_matrix,
+            },
+            "evaluation/test_report.json",
+        )
         from dgx_assets.training.figures import figures
 
         for artifact, figure in figures(result).items():
@@ -193,12 +219,24 @@ def pretrained_weights_params(config: TrainConfig) -> dict[str, str]:
     }
 
 
-def _describe(client: Any, tracking: TrackingConfig, run_id: str, version: str, result: TrainingResult,
-              lineage: DagsterLineage, dagster_run_url: str | None) -> None:
+def _describe(
+    client: Any,
+    tracking: TrackingConfig,
+    run_id: str,
+    version: str,
+    result: TrainingResult,
+    lineage: DagsterLineage,
+    dagster_run_url: str | None,
+) -> None:
     """Descriptions (Markdown) on the run, the registered model and the version, with links back to Dagster."""
     metrics = result.test.metrics
-    made_by = (f"[Dagster run {lineage.run_id[:8]}]({dagster_run_url})" if dagster_run_url
-               else f"Dagster run `{lineage.run_id}`" if lineage.run_id else "an ad-hoc call")
+    made_by = (
+        f"[Dagster run {lineage.run_id[:8]}]({dagster_run_url})"
+        if dagster_run_url
+        else f"Dagster run `{lineage.run_id}`"
+        if lineage.run_id
+        else "an ad-hoc call"
+    )
     partitions = ", ".join(lineage.partition_keys) or "none"
     summary = (
         f"Defect classifier ({', '.join(result.class_names)}) made by {made_by} materializing `{lineage.asset_key}` "
@@ -207,16 +245,21 @@ def _describe(client: Any, tracking: TrackingConfig, run_id: str, version: str, 
         f"{metrics.get('macro_f1', float('nan')):.3f}; best epoch {result.best_epoch}."
     )
     client.set_tag(run_id, DESCRIPTION_TAG, summary)
-    client.update_model_version(tracking.registered_model_name, version,
-                                description=f"{summary} Registered with the alias `{CANDIDATE_ALIAS}`.")
+    client.update_model_version(
+        tracking.registered_model_name, version, description=f"{summary} Registered with the alias `{CANDIDATE_ALIAS}`."
+    )
     if dagster_run_url:
         client.set_model_version_tag(tracking.registered_model_name, version, "dagster.run_url", dagster_run_url)
     registered = client.get_registered_model(tracking.registered_model_name)
     if not registered.description:
-        client.update_registered_model(tracking.registered_model_name, description=(
-            "Defect classifier for solar-cell electroluminescence images, trained by the dgx_assets `trained_model` "
-            f"asset. Alias `{CANDIDATE_ALIAS}`: the latest trained version; `{CHAMPION_ALIAS}`: the version promoted after "
-            "its quality gates passed (the one edge devices get)."))
+        client.update_registered_model(
+            tracking.registered_model_name,
+            description=(
+                "Defect classifier for solar-cell electroluminescence images, trained by the dgx_assets `trained_model` "
+                f"asset. Alias `{CANDIDATE_ALIAS}`: the latest trained version; `{CHAMPION_ALIAS}`: the version promoted after "
+                "its quality gates passed (the one edge devices get)."
+            ),
+        )
 
 
 def _log_model(mlflow: Any, result: TrainingResult, model_name: str, step: int = 0) -> Any:

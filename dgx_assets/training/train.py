@@ -102,7 +102,13 @@ def train_classifier(
         head_start = warm_start_head(model, files, index, config.seed, balanced=config.class_weighting)
 
     train_data = make_dataset(
-        files, index, "train", global_batch, shuffle=True, augment=config.augment, seed=config.seed,
+        files,
+        index,
+        "train",
+        global_batch,
+        shuffle=True,
+        augment=config.augment,
+        seed=config.seed,
         shuffle_buffer=config.shuffle_buffer,
     )
     validation_data = make_dataset(files, index, "validation", global_batch)
@@ -172,7 +178,10 @@ def _early_stopping(config: TrainConfig) -> Any:
     import keras
 
     return keras.callbacks.EarlyStopping(
-        monitor="val_loss", patience=config.patience, restore_best_weights=True, verbose=0,
+        monitor="val_loss",
+        patience=config.patience,
+        restore_best_weights=True,
+        verbose=0,
         start_from_epoch=min(config.warmup_epochs, config.epochs - 1),
     )
 
@@ -207,14 +216,14 @@ def warm_start_head(model: Any, files: FeatureFiles, index: FeatureIndex, seed: 
     mismatch = float(np.max(np.abs(recomputed - vectors[: len(sample)]) / (np.abs(vectors[: len(sample)]).max() + 1e-6)))
     if mismatch > 1e-2:
         return HeadStart(False, f"stored embeddings are not this backbone's (relative difference {mismatch:.3f})")
-    head = LogisticRegression(C=0.05, max_iter=2000, class_weight="balanced" if balanced else None,
-                              random_state=seed).fit(vectors, labels)
+    head = LogisticRegression(C=0.05, max_iter=2000, class_weight="balanced" if balanced else None, random_state=seed).fit(
+        vectors, labels
+    )
     weights, bias = head.coef_.T, head.intercept_
     if weights.shape[1] == 1:  # binary: sklearn keeps one logit; softmax over [-z/2, z/2] is the same model
         weights, bias = np.hstack([-weights / 2, weights / 2]), np.array([-bias[0] / 2, bias[0] / 2])
     model.get_layer(OUTPUT_NAME).set_weights([weights.astype(np.float32), bias.astype(np.float32)])
-    return HeadStart(True, f"logistic regression on {len(labels)} stored embeddings",
-                     float(head.score(vectors, labels)))
+    return HeadStart(True, f"logistic regression on {len(labels)} stored embeddings", float(head.score(vectors, labels)))
 
 
 def evaluate(model: Any, test_data: Any, index: FeatureIndex) -> TestEvaluation:
@@ -235,9 +244,7 @@ def classification_report(
 
     classes = list(range(len(class_names)))
     y_pred = probabilities.argmax(axis=1)
-    precision, recall, f1, support = precision_recall_fscore_support(
-        y_true, y_pred, labels=classes, zero_division=0
-    )
+    precision, recall, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=classes, zero_division=0)
     # "Better than guessing": always predict the most common training label.
     majority = int(np.argmax(train_label_counts))
     correct = int(np.sum(y_pred == y_true))
@@ -288,9 +295,7 @@ def _learning_rate_schedule(config: TrainConfig) -> Any:
 
     if config.schedule == "cosine":
         peak, epochs = config.learning_rate, config.epochs
-        return keras.callbacks.LearningRateScheduler(
-            lambda epoch, _lr: peak * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
-        )
+        return keras.callbacks.LearningRateScheduler(lambda epoch, _lr: peak * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs)))
     # Halve the step size when validation stalls: small noisy validation sets otherwise bounce around.
     return keras.callbacks.ReduceLROnPlateau(
         monitor="val_loss", factor=0.5, patience=max(1, config.patience // 2), cooldown=1, min_lr=1e-5

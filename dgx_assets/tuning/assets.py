@@ -20,7 +20,8 @@ class HyperparameterSearchConfig(dg.Config):
     dropout_max: float = Field(0.6, description="Dropout is drawn uniformly from [0, dropout_max]")
     batch_sizes: list[int] = Field([16, 32, 64], description="Batch sizes to choose from")
     ray_worker_nodes: int | None = Field(
-        None, description="Ray worker nodes on the Spark executors; empty: one per task slot (at most 8)")
+        None, description="Ray worker nodes on the Spark executors; empty: one per task slot (at most 8)"
+    )
     seed: int = Field(42, description="Seeds the search and every trial")
 
 
@@ -40,8 +41,13 @@ class HyperparameterSearchConfig(dg.Config):
         "trained_model uses when `use_searched_hyperparameters` is set."
     ),
 )
-def hyperparameter_search(context: dg.AssetExecutionContext, config: HyperparameterSearchConfig, spark: SparkResource,
-                          lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+def hyperparameter_search(
+    context: dg.AssetExecutionContext,
+    config: HyperparameterSearchConfig,
+    spark: SparkResource,
+    lake: LakeResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
     try:
         import ray  # noqa: F401
     except ImportError as error:
@@ -59,22 +65,30 @@ def hyperparameter_search(context: dg.AssetExecutionContext, config: Hyperparame
         raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
     search = SearchConfig(**(config.model_dump() | {"batch_sizes": tuple(config.batch_sizes)}))
     tracking = mlflow.tracking_config()
-    lineage = DagsterLineage(run_id=context.run_id, asset_key=context.asset_key.to_user_string(),
-                             partition_keys=tuple(partitions), code_version="1", job_name=context.job_name)
+    lineage = DagsterLineage(
+        run_id=context.run_id,
+        asset_key=context.asset_key.to_user_string(),
+        partition_keys=tuple(partitions),
+        code_version="1",
+        job_name=context.job_name,
+    )
     try:
-        tracked = search_and_track(spark.spark_session, FeatureFiles(store.fs, tuple(paths)), store, search, tracking,
-                                   lineage, log=context.log.info)
+        tracked = search_and_track(
+            spark.spark_session, FeatureFiles(store.fs, tuple(paths)), store, search, tracking, lineage, log=context.log.info
+        )
     except (SearchConfigError, TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error
     outcome = tracked.outcome
-    return dg.MaterializeResult(metadata={
-        **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
-        "mlflow_run_id": tracked.run_id,
-        "best_hyperparameters": dg.MetadataValue.json(outcome.best_config),
-        "best_val_loss": outcome.best_metrics["val_loss"],
-        "best_val_accuracy": outcome.best_metrics["val_accuracy"],
-        "trials": len(outcome.trials),
-        "trials_stopped_early": sum(t.stopped_early for t in outcome.trials),
-        "ray_worker_nodes": outcome.ray_worker_nodes,
-        "path": dg.MetadataValue.path(tracked.best_config_uri),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+            "mlflow_run_id": tracked.run_id,
+            "best_hyperparameters": dg.MetadataValue.json(outcome.best_config),
+            "best_val_loss": outcome.best_metrics["val_loss"],
+            "best_val_accuracy": outcome.best_metrics["val_accuracy"],
+            "trials": len(outcome.trials),
+            "trials_stopped_early": sum(t.stopped_early for t in outcome.trials),
+            "ray_worker_nodes": outcome.ray_worker_nodes,
+            "path": dg.MetadataValue.path(tracked.best_config_uri),
+        }
+    )

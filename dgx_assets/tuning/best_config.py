@@ -34,8 +34,10 @@ def apply_best_config(lake: Any, train_config: Any) -> tuple[Any, dict[str, Any]
     """``train_config`` with the searched fields replaced, and the file's record (for the run's lineage)."""
     uri = best_config_uri(lake)
     if not lake.exists(uri):
-        raise ValueError(f"use_searched_hyperparameters is set but {uri} does not exist: materialize "
-                         "hyperparameter_search first (the `ray` extra), or unset use_searched_hyperparameters")
+        raise ValueError(
+            f"use_searched_hyperparameters is set but {uri} does not exist: materialize "
+            "hyperparameter_search first (the `ray` extra), or unset use_searched_hyperparameters"
+        )
     record = json.loads(lake.read_bytes(uri))
     values = record.get("hyperparameters", {})
     missing = [key for key in SEARCHED_FIELDS if key not in values]

@@ -91,8 +91,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def head_epochs(data: HeadData, learning_rate: float, dropout: float, batch_size: int, epochs: int,
-                seed: int) -> Iterator[dict[str, float]]:
+def head_epochs(
+    data: HeadData, learning_rate: float, dropout: float, batch_size: int, epochs: int, seed: int
+) -> Iterator[dict[str, float]]:
     """Train dropout + softmax on the embeddings with Adam; yield validation loss/accuracy after each epoch."""
     rng = np.random.default_rng(seed)
     classes = len(data.class_weights)
@@ -106,7 +107,7 @@ def head_epochs(data: HeadData, learning_rate: float, dropout: float, batch_size
     for _ in range(epochs):
         order = rng.permutation(len(train_x))
         for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             x, y = train_x[rows], data.train_y[rows]
             if dropout:
                 x = x * (rng.random(x.shape) >= dropout) / (1 - dropout)
@@ -117,11 +118,13 @@ def head_epochs(data: HeadData, learning_rate: float, dropout: float, batch_size
             for i, (param, grad) in enumerate(((weights, x.T @ delta), (bias, delta.sum(axis=0)))):
                 moments[i] = 0.9 * moments[i] + 0.1 * grad
                 moments[i + 2] = 0.999 * moments[i + 2] + 0.001 * grad * grad
-                param -= learning_rate * (moments[i] / (1 - 0.9 ** step)) / (np.sqrt(moments[i + 2] / (1 - 0.999 ** step)) + 1e-7)
+                param -= learning_rate * (moments[i] / (1 - 0.9**step)) / (np.sqrt(moments[i + 2] / (1 - 0.999**step)) + 1e-7)
         probabilities = _softmax(val_x @ weights + bias)
         picked = np.clip(probabilities[np.arange(len(data.val_y)), data.val_y], 1e-7, 1)
-        yield {"val_loss": float(-np.mean(np.log(picked) * data.class_weights[data.val_y])),
-               "val_accuracy": float(np.mean(probabilities.argmax(axis=1) == data.val_y))}
+        yield {
+            "val_loss": float(-np.mean(np.log(picked) * data.class_weights[data.val_y])),
+            "val_accuracy": float(np.mean(probabilities.argmax(axis=1) == data.val_y)),
+        }
 
 
 def _trial(config: dict[str, Any], data: HeadData, max_epochs: int, seed: int) -> None:
@@ -144,8 +147,10 @@ def ray_on_spark(spark: Any, worker_nodes: int, log: Any = None) -> Iterator[str
     say = log or (lambda message: None)
     master = spark.sparkContext.master
     if master.startswith("k8s://"):
-        raise SearchConfigError(f"Ray on Spark does not run on Spark on Kubernetes ({master}): run the search with "
-                                "DGX_DEPLOYMENT=standalone or local, or use KubeRay")
+        raise SearchConfigError(
+            f"Ray on Spark does not run on Spark on Kubernetes ({master}): run the search with "
+            "DGX_DEPLOYMENT=standalone or local, or use KubeRay"
+        )
     gpus = float(spark.sparkContext.getConf().get("spark.task.resource.gpu.amount", "0") or 0)
     # Ray on Spark starts its nodes with the `ray` script found on PATH; a venv that is not activated has it
     # beside its python only. Executors need it on their PATH too (an installed image or an activated venv).
@@ -155,8 +160,11 @@ def ray_on_spark(spark: Any, worker_nodes: int, log: Any = None) -> Iterator[str
         os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
     try:
         address, _ = setup_ray_cluster(
-            max_worker_nodes=worker_nodes, min_worker_nodes=worker_nodes, num_cpus_worker_node=1,
-            num_gpus_worker_node=1 if gpus >= 1 else 0, head_node_options={"include_dashboard": False},
+            max_worker_nodes=worker_nodes,
+            min_worker_nodes=worker_nodes,
+            num_cpus_worker_node=1,
+            num_gpus_worker_node=1 if gpus >= 1 else 0,
+            head_node_options={"include_dashboard": False},
             collect_log_to_path=None,
         )
         say(f"Ray cluster on Spark at {address} with {worker_nodes} worker nodes")
@@ -186,15 +194,26 @@ def run_search(spark: Any, data: HeadData, config: SearchConfig, log: Any = None
         "dropout": tune.uniform(0.0, config.dropout_max),
         "batch_size": tune.choice(list(config.batch_sizes)),
     }
-    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=config.max_epochs,
-                              grace_period=config.grace_period, reduction_factor=config.reduction_factor)
+    scheduler = ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=config.max_epochs,
+        grace_period=config.grace_period,
+        reduction_factor=config.reduction_factor,
+    )
     with ray_on_spark(spark, nodes, log), tempfile.TemporaryDirectory(prefix="ray-tune-") as storage:
         trainable = tune.with_resources(
-            tune.with_parameters(_trial, data=data, max_epochs=config.max_epochs, seed=config.seed), {"cpu": 1})
+            tune.with_parameters(_trial, data=data, max_epochs=config.max_epochs, seed=config.seed), {"cpu": 1}
+        )
         tuner = tune.Tuner(
-            trainable, param_space=space,
-            tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=config.num_samples,
-                                        scheduler=scheduler, search_alg=_seeded_search(config.seed)),
+            trainable,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric="val_loss",
+                mode="min",
+                num_samples=config.num_samples,
+                scheduler=scheduler,
+                search_alg=_seeded_search(config.seed),
+            ),
             run_config=tune.RunConfig(name="hyperparameter_search", storage_path=storage, verbose=0),
         )
         results = tuner.fit()
@@ -216,11 +235,21 @@ def _seeded_search(seed: int) -> Any:
 
 def _outcome(result: Any, max_epochs: int) -> TrialOutcome:
     frame = result.metrics_dataframe
-    history = [] if frame is None else [
-        {"val_loss": float(row.val_loss), "val_accuracy": float(row.val_accuracy)}
-        for row in frame.itertuples() if math.isfinite(row.val_loss)
-    ]
+    history = (
+        []
+        if frame is None
+        else [
+            {"val_loss": float(row.val_loss), "val_accuracy": float(row.val_accuracy)}
+            for row in frame.itertuples()
+            if math.isfinite(row.val_loss)
+        ]
+    )
     config = {key: (int(value) if key == "batch_size" else float(value)) for key, value in result.config.items()}
     trial_id = str(result.metrics.get("trial_id", "")) if result.metrics else ""
-    return TrialOutcome(trial_id, config, history, stopped_early=0 < len(history) < max_epochs,
-                        error=None if result.error is None else f"{type(result.error).__name__}: {result.error}"[:500])
+    return TrialOutcome(
+        trial_id,
+        config,
+        history,
+        stopped_early=0 < len(history) < max_epochs,
+        error=None if result.error is None else f"{type(result.error).__name__}: {result.error}"[:500],
+    )

@@ -39,16 +39,29 @@ def head_data(files: FeatureFiles) -> HeadData:
     index = scan_features(files)
     splits = {split: read_embeddings(files, index, split) for split in ("train", "validation")}
     if any(value is None for value in splits.values()):
-        raise FeatureDataError("image_features has no embeddings (built with embedding: none): re-materialize "
-                               "image_features with embedding efficientnet_lite0 for the search")
+        raise FeatureDataError(
+            "image_features has no embeddings (built with embedding: none): re-materialize "
+            "image_features with embedding efficientnet_lite0 for the search"
+        )
     weights = index.class_weights()
-    return HeadData(splits["train"][0], splits["train"][1], splits["validation"][0], splits["validation"][1],
-                    np.array([weights[i] for i in range(len(index.class_names))]))
+    return HeadData(
+        splits["train"][0],
+        splits["train"][1],
+        splits["validation"][0],
+        splits["validation"][1],
+        np.array([weights[i] for i in range(len(index.class_names))]),
+    )
 
 
-def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchConfig,
-                     tracking: TrackingConfig, lineage: DagsterLineage,
-                     log: Any = None) -> TrackedSearch:
+def search_and_track(
+    spark: Any,
+    files: FeatureFiles,
+    lake: Any,
+    config: SearchConfig,
+    tracking: TrackingConfig,
+    lineage: DagsterLineage,
+    log: Any = None,
+) -> TrackedSearch:
     config.validate()
     check_tracking_uri(tracking.tracking_uri)
     data = head_data(files)
@@ -59,28 +72,51 @@ def search_and_track(spark: Any, files: FeatureFiles, lake: Any, config: SearchC
     digest = dataset_digest(entries, ["train", "validation"])
     tags = setup.tags | {"dgx.data_digest": digest, "dgx.search": "ray-tune-asha"}
     with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as parent:
-        mlflow.log_params({f"search_{k}": (list(v) if isinstance(v, tuple) else ("" if v is None else v))
-                           for k, v in dataclasses.asdict(config).items()})
+        mlflow.log_params(
+            {
+                f"search_{k}": (list(v) if isinstance(v, tuple) else ("" if v is None else v))
+                for k, v in dataclasses.asdict(config).items()
+            }
+        )
         profile = {"num_rows": int(len(data.train_y) + len(data.val_y)), "files": len(entries), "sha256": digest}
-        mlflow.log_input(feature_dataset("image_features[train+validation]", lake.asset_uri("image_features"),
-                                                           digest, profile), context="training")
+        mlflow.log_input(
+            feature_dataset("image_features[train+validation]", lake.asset_uri("image_features"), digest, profile),
+            context="training",
+        )
         outcome = run_search(spark, data, config, log=log)
         for trial in outcome.trials:
-            with mlflow.start_run(experiment_id=experiment_id, run_name=f"trial-{trial.trial_id or 'unknown'}", nested=True,
-                                  tags={"dgx.trial_id": trial.trial_id, "dgx.stopped_early": str(trial.stopped_early),
-                                        **({"dgx.trial_error": trial.error} if trial.error else {})}):
+            with mlflow.start_run(
+                experiment_id=experiment_id,
+                run_name=f"trial-{trial.trial_id or 'unknown'}",
+                nested=True,
+                tags={
+                    "dgx.trial_id": trial.trial_id,
+                    "dgx.stopped_early": str(trial.stopped_early),
+                    **({"dgx.trial_error": trial.error} if trial.error else {}),
+                },
+            ):
                 mlflow.log_params(trial.config)
                 for epoch, metrics in enumerate(trial.history, start=1):
                     mlflow.log_metrics(metrics, step=epoch)
         best = {f"best_{k}": v for k, v in outcome.best_config.items()}
         mlflow.log_params(best | {"ray_worker_nodes": outcome.ray_worker_nodes})
-        mlflow.log_metrics({f"best_{k}": v for k, v in outcome.best_metrics.items()}
-                           | {"trials": len(outcome.trials),
-                              "trials_stopped_early": sum(t.stopped_early for t in outcome.trials)})
-        uri = write_best_config(lake, outcome.best_config, {
-            "validation": outcome.best_metrics, "mlflow_run_id": parent.info.run_id, "data_digest": digest,
-            "dagster_run_id": lineage.run_id, "searched_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "objective": "classifier head (dropout + softmax) on image_features' train embeddings, validation loss"})
+        mlflow.log_metrics(
+            {f"best_{k}": v for k, v in outcome.best_metrics.items()}
+            | {"trials": len(outcome.trials), "trials_stopped_early": sum(t.stopped_early for t in outcome.trials)}
+        )
+        uri = write_best_config(
+            lake,
+            outcome.best_config,
+            {
+                "validation": outcome.best_metrics,
+                "mlflow_run_id": parent.info.run_id,
+                "data_digest": digest,
+                "dagster_run_id": lineage.run_id,
+                "searched_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "objective": "classifier head (dropout + softmax) on image_features' train embeddings, validation loss",
+            },
+        )
         mlflow.log_dict({"best": outcome.best_config, "validation": outcome.best_metrics, "uri": uri}, "search/best_config.json")
-    return TrackedSearch(parent.info.run_id, run_url(tracking.tracking_uri, experiment_id, parent.info.run_id),
-                         outcome, uri, digest)
+    return TrackedSearch(
+        parent.info.run_id, run_url(tracking.tracking_uri, experiment_id, parent.info.run_id), outcome, uri, digest
+    )

@@ -47,13 +47,20 @@ def _materialize(instance) -> None:
     features = {"image_height": 32, "image_width": 32, "batch_rows": 64, "embedding": "none"}
     for batch in BATCHES:
         result = job.execute_in_process(
-            instance=instance, partition_key=batch, raise_on_error=False,
+            instance=instance,
+            partition_key=batch,
+            raise_on_error=False,
             asset_selection=[dg.AssetKey("raw_images"), dg.AssetKey("image_features")],
-            run_config={"ops": {"image_features": {"config": features}}})
+            run_config={"ops": {"image_features": {"config": features}}},
+        )
         assert result.success, batch
     training = {"backbone": "scratch", "width": 8, "epochs": 2, "batch_size": 32, "patience": 2, "warmup_epochs": 0}
-    job.execute_in_process(instance=instance, raise_on_error=False, asset_selection=[dg.AssetKey("trained_model")],
-                           run_config={"ops": {"trained_model": {"config": training}}})
+    job.execute_in_process(
+        instance=instance,
+        raise_on_error=False,
+        asset_selection=[dg.AssetKey("trained_model")],
+        run_config={"ops": {"trained_model": {"config": training}}},
+    )
     assert instance.get_latest_materialization_event(dg.AssetKey("trained_model")) is not None
     result = job.execute_in_process(instance=instance, raise_on_error=False, asset_selection=[dg.AssetKey("quality_report")])
     assert result.asset_materializations_for_node("quality_report")
@@ -65,9 +72,22 @@ def mlflow_ui(tmp_path):
     port, store = free_port(), tmp_path / "state" / "mlflow.db"
     log = open(tmp_path / "mlflow-ui.log", "w")
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{store}", "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{store}",
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         yield f"http://127.0.0.1:{port}", process, tmp_path / "mlflow-ui.log"
     finally:
@@ -100,8 +120,12 @@ def test_what_a_user_opens_after_a_run(dagster_dev, mlflow_ui, tmp_path, monkeyp
     dagster_ui = url.removesuffix("/graphql")
     mlflow_url, mlflow_process, mlflow_log = mlflow_ui
     # The same places `dagster dev` uses, and links pointing at the servers this test started.
-    for name, value in {"DGX_LAKE_ROOT": str(lake), "DGX_STATE_DIR": str(tmp_path / "state"),
-                        "DGX_DAGSTER_UI_URL": dagster_ui, "DGX_MLFLOW_UI_URL": mlflow_url}.items():
+    for name, value in {
+        "DGX_LAKE_ROOT": str(lake),
+        "DGX_STATE_DIR": str(tmp_path / "state"),
+        "DGX_DAGSTER_UI_URL": dagster_ui,
+        "DGX_MLFLOW_UI_URL": mlflow_url,
+    }.items():
         monkeypatch.setenv(name, value)
     _landing(lake / "landing")
     with dg.DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
@@ -116,8 +140,14 @@ def test_what_a_user_opens_after_a_run(dagster_dev, mlflow_ui, tmp_path, monkeyp
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             outside = []  # an air-gapped cluster reaches nothing but its own servers and files
-            page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(
-                ("http://127.0.0.1", "file://", "data:", "blob:", "about:")) else None)
+            page.on(
+                "request",
+                lambda r: (
+                    outside.append(r.url)
+                    if not r.url.startswith(("http://127.0.0.1", "file://", "data:", "blob:", "about:"))
+                    else None
+                ),
+            )
 
             # 1. The global asset graph with every asset on screen. Dagster opens it with the groups collapsed:
             #    "Expand all groups" (its shortcut, ⌥E, as the README tells a user).
@@ -194,8 +224,13 @@ def _graph_shows(page, names: list[str], seconds: float = 60) -> list[str]:
         shown = []
         for index in range(nodes.count()):
             box = nodes.nth(index).bounding_box()
-            if box and box["x"] >= left and box["y"] >= top and box["x"] + box["width"] <= viewport["width"] \
-                    and box["y"] + box["height"] <= viewport["height"]:
+            if (
+                box
+                and box["x"] >= left
+                and box["y"] >= top
+                and box["x"] + box["width"] <= viewport["width"]
+                and box["y"] + box["height"] <= viewport["height"]
+            ):
                 shown.append(nodes.nth(index).inner_text().strip())
         missing = [name for name in names if not any(_abbreviates(label, name) for label in shown)]
         if not missing:

@@ -1,0 +1,94 @@
+"""ernie_generated_images' checks through Dagster, against an endpoint of the tests' own (tests/generation/rogue.py):
+an unusable prompts-table row is its own warning, the blocking share judges the images of the prompts that could
+be sent, row ids stay the same from run to run, and a failing blocking check says what to fix in its description."""
+
+from __future__ import annotations
+
+import csv
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+from rogue import RogueServer
+
+from dgx_assets.generation.assets import ernie_generated_images
+from dgx_assets.generation.checks import generation_checks
+from dgx_assets.generation.resources import ErnieServingResource
+from dgx_assets.resources import LakeResource
+
+ONE_TRY = {"backoff_s": 0.01, "max_retries": 0, "breaker_threshold": 100}
+
+
+@pytest.fixture
+def rogue():
+    server = RogueServer()
+    yield server
+    server.stop()
+
+
+def write_prompts(path, rows) -> str:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["id", "prompt", "width", "height", "seed"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(path)
+
+
+def materialize(resources, max_attempts: int = 3):
+    return dg.materialize(
+        [ernie_generated_images, *generation_checks],
+        resources=resources,
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+        run_config={"ops": {"ernie_generated_images": {"config": {"max_attempts": max_attempts}}}},
+    )
+
+
+def ids_in(lake_root) -> list:
+    files = [str(p) for p in (lake_root / "ernie_generated_images").glob("*.parquet")]
+    return sorted(pq.ParquetDataset(files).read(columns=["id"]).column("id").to_pylist(), key=str)
+
+
+def test_an_empty_prompt_is_its_own_warning_and_ids_stay_the_same(tmp_path, spark_resource, rogue):
+    rows = [{"id": f"p{i}", "prompt": f"defective cell {i}", "width": 32, "height": 32, "seed": i} for i in range(6)]
+    rows += [
+        {"id": "", "prompt": "a cell without an id", "width": 32, "height": 32, "seed": 6},
+        {"id": "empty", "prompt": "", "width": 32, "height": 32, "seed": 7},
+    ]
+    lake_root = tmp_path / "lake"
+    resources = {
+        "spark": spark_resource,
+        "lake": LakeResource(root=str(lake_root), prompts=write_prompts(tmp_path / "p.csv", rows)),
+        "ernie": ErnieServingResource(endpoints=rogue.url, **ONE_TRY),
+    }
+    result = materialize(resources)
+    assert result.success  # before: 7/8 < 0.9 on the blocking check failed the run
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    share = checks["generated_images_valid"]
+    assert share.passed and share.metadata["valid_share"].value == 1.0 and share.metadata["prompts_sent"].value == 7
+    prompts = checks["generated_prompts_valid"]
+    assert not prompts.passed and prompts.severity == dg.AssetCheckSeverity.WARN
+    assert "1 row(s) of the prompts table cannot be sent" in prompts.description
+    assert "empty: the prompt is empty" in prompts.description
+    first = ids_in(lake_root)
+    assert None not in first and any(str(i).startswith("row-") for i in first)
+
+    again = materialize(resources)  # every valid row is kept: its id must not change (before: None)
+    assert again.asset_materializations_for_node("ernie_generated_images")[0].metadata["reused_from_previous"].value == 7
+    assert ids_in(lake_root) == first
+
+
+def test_a_failing_blocking_check_says_what_to_fix_in_its_description(tmp_path, spark_resource, rogue):
+    rows = [{"id": f"p{i}", "prompt": f"cell {i}", "width": 32, "height": 32, "seed": i} for i in range(4)]
+    rogue.script = [("json", {"data": [{"b64_json": 1}]})] * 2  # two of four prompts get a bad reply
+    resources = {
+        "spark": spark_resource,
+        "lake": LakeResource(root=str(tmp_path / "lake"), prompts=write_prompts(tmp_path / "p.csv", rows)),
+        "ernie": ErnieServingResource(endpoints=rogue.url, **ONE_TRY),
+    }
+    result = materialize(resources, max_attempts=1)
+    share = {e.check_name: e for e in result.get_asset_check_evaluations()}["generated_images_valid"]
+    assert not share.passed
+    assert share.description.startswith("2 of the 4 prompts that could be sent have a valid image")
+    assert "'bad_reply': 2" in share.description and "`bad_reply` that they answered" in share.description
+    assert share.metadata["what_to_fix"].value == share.description  # the quality report reads either

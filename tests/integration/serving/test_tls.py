@@ -1,0 +1,160 @@
+"""HTTPS on the serving process, with a CA and a server certificate this test makes (`cryptography`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import socket
+import ssl
+import time
+
+import pytest
+import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from serving_probe import OPENAI
+
+from dgx_assets.generation import launcher
+
+
+def _name(text: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+
+def make_ca_and_server_cert(folder) -> tuple[str, str, str]:
+    """(CA certificate, server certificate, server key) PEM paths; the server's is valid for 127.0.0.1."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("dgx test CA"))
+        .issuer_name(_name("dgx test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("ernie-serving"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return tuple(str(path) for path in paths)
+
+
+@pytest.fixture(scope="module")
+def tls_server(quick_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tls")
+    ca, cert, key = make_ca_and_server_cert(folder)
+    server = launcher.start_server(quick_model, log_dir=folder, extra_args=["--tls-cert", cert, "--tls-key", key])
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the launcher waits over http; this server speaks https only
+            assert server.process.poll() is None, server.log_tail()
+            assert time.monotonic() < deadline, server.log_tail()
+            port = server.port_file.read_text().strip()
+            if port:
+                url = f"https://127.0.0.1:{port}"
+                try:
+                    if requests.get(url + "/status", verify=ca, timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+            time.sleep(0.2)
+        server.port = int(port)
+        yield url, ca, server
+    finally:
+        server.stop()
+
+
+def test_https_serves_generation_with_a_certificate_the_client_verifies(tls_server):
+    url, ca, _ = tls_server
+    assert requests.get(url + "/status", verify=ca, timeout=5).json()["tls"] is True
+    reply = requests.post(url + OPENAI, json={"prompt": "cell", "size": "32x32", "seed": 1}, verify=ca, timeout=30)
+    assert reply.status_code == 200 and reply.json()["data"][0]["b64_json"]
+
+
+def test_tls_1_2_is_the_minimum(tls_server):
+    _, ca, server = tls_server
+    modern = ssl.create_default_context(cafile=ca)
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+        modern.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+    ):
+        assert sock.version() in ("TLSv1.2", "TLSv1.3")
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.load_verify_locations(ca)
+    old.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+    old.maximum_version = ssl.TLSVersion.TLSv1_1
+    old.set_ciphers("ALL:@SECLEVEL=0")  # let this client offer TLS 1.1 at all
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw, pytest.raises(ssl.SSLError):
+        old.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_unverified_and_plain_http_clients_get_nothing(tls_server):
+    url, _, server = tls_server
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(url + "/status", timeout=5)  # the system CAs do not know this one
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{server.port}/status", timeout=5)
+
+
+def test_a_missing_certificate_stops_the_server_with_its_reason(quick_model, tmp_path):
+    server = launcher.start_server(
+        quick_model, log_dir=tmp_path, extra_args=["--tls-cert", str(tmp_path / "no.pem"), "--tls-key", str(tmp_path / "no.key")]
+    )
+    try:
+        assert server.process.wait(60) == 2
+        assert "cannot load TLS certificate" in server.log_tail()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("protocol", ["openai", "pipeline"])
+def test_the_projects_client_reaches_the_https_server_with_its_ca_bundle(tls_server, protocol):
+    import base64
+
+    from dgx_assets.generation.client import ClientSettings, ErnieClient
+
+    url, ca, _ = tls_server
+    fast = {"max_retries": 0, "backoff_s": 0.01}
+    reply = ErnieClient(ClientSettings((url,), protocol=protocol, ca_bundle=ca, **fast)).generate("cell", 32, 32, 1)
+    assert reply.ok, reply.error
+    assert base64.b64decode(reply.payload_b64)[:8] == b"\x89PNG\r\n\x1a\n"
+    without_ca = ErnieClient(ClientSettings((url,), protocol=protocol, **fast)).generate("cell", 32, 32, 1)
+    assert not without_ca.ok and without_ca.error_kind == "unavailable"

@@ -1,0 +1,247 @@
+"""The Dagster layer: image_features and trained_model materialized for real (Spark, TensorFlow, MLflow), the
+blocking gate, the retraining schedule and job, and the automation that follows new raw_images batches."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import training_data
+
+from dgx_assets.partitions import image_batches
+from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.spark.resource import SparkResource
+from dgx_assets.training.assets import image_features, trained_model
+from dgx_assets.training.checks import beats_baseline_and_champion, evaluate_gate
+from dgx_assets.training.definitions import defs as training_defs
+from dgx_assets.training.schedules import build_retraining_schedule, retraining_schedule_from_env
+
+MODEL_NAME = "dagster_test_classifier"
+BATCHES = ["b0", "b1"]
+FEATURE_CONFIG = {"image_height": 32, "image_width": 32, "batch_rows": 32}
+
+
+def _training_config(tmp: Path, **overrides) -> dict:
+    return {"width": 8, "epochs": 4, "batch_size": 16, "patience": 4, "checkpoint_dir": str(tmp / "ckpt")} | overrides
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    """A lake with two raw_images batches, a Dagster instance that knows them, and the real resources."""
+    root = tmp_path_factory.mktemp("platform")
+    for seed, batch in enumerate(BATCHES):
+        rows = training_data.synthetic_raw_rows(150, batch, seed=seed)
+        rows.loc[len(rows)] = training_data.raw_row(batch, "defective", "broken.png", b"junk", status="corrupted")
+        training_data.write_raw_partition(rows, root / "lake" / "raw_images" / f"batch={batch}")
+    resources = {
+        "spark": SparkResource(spark_conf=training_data.SPARK_TEST_CONF),
+        "lake": LakeResource(root=str(root / "lake")),
+        "mlflow": MlflowResource(tracking_uri=f"sqlite:///{root}/mlflow.db", registered_model_name=MODEL_NAME),
+    }
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(image_batches.name, BATCHES)
+        yield instance, resources, root
+
+
+@pytest.fixture(scope="module")
+def trained(platform):
+    instance, resources, root = platform
+    for batch in BATCHES:
+        result = dg.materialize(
+            [image_features],
+            partition_key=batch,
+            instance=instance,
+            resources=resources,
+            run_config={"ops": {"image_features": {"config": FEATURE_CONFIG}}},
+        )
+        assert result.success
+    result = dg.materialize(
+        [trained_model, beats_baseline_and_champion],
+        instance=instance,
+        resources=resources,
+        run_config={"ops": {"trained_model": {"config": _training_config(root)}}},
+    )
+    assert result.success
+    return result
+
+
+def test_image_features_partition_metadata_and_files(platform, trained):
+    instance, resources, root = platform
+    event = instance.get_latest_materialization_event(dg.AssetKey("image_features"))
+    metadata = event.asset_materialization.metadata
+    assert event.asset_materialization.partition in BATCHES
+    assert metadata["dagster/row_count"].value == 150  # valid raw rows only: the corrupted file stays behind
+    assert metadata["tensor_shape"].value == [32, 32, 1] and metadata["devices"].value == ["cpu"]
+    assert all(f"| {split} |" in metadata["split_counts"].value for split in ("train", "validation", "test"))
+    columns = {c.name for c in metadata["dagster/column_schema"].value.columns}
+    assert {"tensor", "tensor_shape", "brightness", "embedding", "feature_status"} <= columns
+    for batch in BATCHES:
+        folder = root / "lake" / "image_features" / f"batch={batch}"
+        assert list(folder.glob("*.parquet"))
+    assert not [p for p in (root / "lake" / "image_features").iterdir() if p.name.startswith(".staging")]
+
+
+def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained):
+    from mlflow import MlflowClient
+
+    instance, resources, root = platform
+    metadata = trained.asset_materializations_for_node("trained_model")[0].metadata
+    info = json.loads((root / "lake" / "trained_model" / "model_info.json").read_text())
+    assert (root / "lake" / "trained_model" / "model.keras").stat().st_size > 10_000
+    assert info["class_names"] == ["defective", "functional"] and info["input_shape"] == [32, 32, 1]
+    assert info["feature_partitions"] == BATCHES and len(info["feature_files"]) >= 2
+    assert all(uri.startswith("file://") and "/image_features/batch=" in uri for uri in info["feature_files"])
+    assert metadata["mlflow_run_id"].value == info["mlflow_run_id"]
+    assert metadata["model_version"].value == f"{MODEL_NAME} v{info['model_version']} (alias candidate)"
+    assert metadata["test_accuracy"].value == round(info["test_metrics"]["accuracy"], 4)  # rounded for reading
+    assert metadata["confusion_matrix"].value.startswith("| true \\ predicted | defective | functional |")
+    assert metadata["mlflow_run"].value.startswith("http://127.0.0.1:5000/#/experiments/")  # a page a browser opens
+    assert metadata["mlflow_model_version"].value.endswith(f"/#/models/{MODEL_NAME}/versions/{info['model_version']}")
+
+    client = MlflowClient(resources["mlflow"].resolved_tracking_uri)
+    run = client.get_run(info["mlflow_run_id"])
+    assert run.data.tags["dagster.run_id"] == trained.run_id
+    assert run.data.tags["dagster.partition_keys"] == "b0,b1" and run.data.tags["dagster.code_version"] == "1"
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "candidate").version) == info["model_version"]
+
+    evaluation = trained.get_asset_check_evaluations()[0]
+    assert evaluation.check_name == "beats_baseline_and_champion" and evaluation.passed
+    assert "no champion yet" in evaluation.description
+
+
+def _run_gate(platform, **config) -> dg.AssetCheckEvaluation:
+    instance, resources, _ = platform
+    result = dg.materialize(
+        [trained_model, beats_baseline_and_champion],
+        instance=instance,
+        resources=resources,
+        selection=dg.AssetSelection.checks(beats_baseline_and_champion),
+        run_config={"ops": {"trained_model_beats_baseline_and_champion": {"config": config}}},
+        raise_on_error=False,
+    )
+    return result.get_asset_check_evaluations()[0]
+
+
+def test_gate_fails_a_model_that_does_not_beat_guessing_by_the_margin(platform, trained):
+    evaluation = _run_gate(platform, min_margin_over_baseline=1.0)
+    assert not evaluation.passed and "majority baseline" in evaluation.description
+
+
+def test_gate_compares_with_the_champion(platform, trained):
+    from mlflow import MlflowClient
+
+    instance, resources, root = platform
+    client = MlflowClient(resources["mlflow"].resolved_tracking_uri)
+    info = json.loads((root / "lake" / "trained_model" / "model_info.json").read_text())
+    accuracy = info["test_metrics"]["accuracy"]
+    # An earlier, stronger champion: the new model trails it by more than the tolerance.
+    experiment = client.get_experiment_by_name("dgx_assets")
+    run = client.create_run(experiment.experiment_id)
+    client.log_metric(run.info.run_id, "test_accuracy", accuracy + 0.2)
+    client.set_terminated(run.info.run_id)
+    champion = client.create_model_version(MODEL_NAME, f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    client.set_registered_model_alias(MODEL_NAME, "champion", champion.version)
+    try:
+        evaluation = _run_gate(platform)
+        assert not evaluation.passed and f"below champion v{champion.version}" in evaluation.description
+        assert _run_gate(platform, champion_tolerance=0.25).passed
+    finally:
+        client.delete_registered_model_alias(MODEL_NAME, "champion")
+
+
+def test_gate_rules():
+    assert evaluate_gate(0.90, 0.70, None, "3", 0.02, 0.01).passed
+    assert not evaluate_gate(0.71, 0.70, None, "3", 0.02, 0.01).passed
+    assert evaluate_gate(0.90, 0.70, ("2", 0.905), "3", 0.02, 0.01).passed
+    assert not evaluate_gate(0.90, 0.70, ("2", 0.95), "3", 0.02, 0.01).passed
+    assert evaluate_gate(0.90, 0.70, ("3", 0.90), "3", 0.02, 0.0).passed  # the champion itself
+
+
+def test_bad_training_setting_fails_the_run_with_a_message_naming_it(platform, trained):
+    instance, resources, root = platform
+    result = dg.materialize(
+        [trained_model],
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+        run_config={"ops": {"trained_model": {"config": _training_config(root, backbone="vgg99")}}},
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "unknown backbone 'vgg99' (setting 'backbone')" in failure.step_failure_data.error.message
+
+
+def test_trained_model_trains_on_spark_barrier_tasks_with_distribution_spark(platform, trained):
+    from mlflow import MlflowClient
+
+    instance, resources, root = platform
+    result = dg.materialize(
+        [trained_model],
+        instance=instance,
+        resources=resources,
+        run_config={"ops": {"trained_model": {"config": _training_config(root, distribution="spark", epochs=1)}}},
+    )
+    assert result.success
+    metadata = result.asset_materializations_for_node("trained_model")[0].metadata
+    assert metadata["strategy"].value.startswith("MultiWorkerMirroredStrategy x1")  # local[2]: one barrier task
+    run = MlflowClient(resources["mlflow"].resolved_tracking_uri).get_run(metadata["mlflow_run_id"].value)
+    assert run.data.params["distribution"] == "spark" and run.data.params["workers"] == "1"
+
+    refused = dg.materialize(
+        [trained_model],
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+        run_config={"ops": {"trained_model": {"config": _training_config(root, distribution="mpi")}}},
+    )
+    failure = next(e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    assert "(setting 'distribution')" in failure.step_failure_data.error.message
+
+
+def test_definitions_load_and_the_retraining_job_validates():
+    merged = dg.Definitions.merge(
+        training_defs,
+        dg.Definitions(resources={"spark": SparkResource(), "lake": LakeResource(), "mlflow": MlflowResource()}),
+    )
+    dg.Definitions.validate_loadable(merged)
+    job = merged.resolve_job_def("retrain_model")
+    assert {key.to_user_string() for key in job.asset_layer.selected_asset_keys} == {"trained_model"}
+    run_config = {"ops": {"trained_model": {"config": {"epochs": 10, "backbone": "resnet50"}}}}
+    assert dg.validate_run_config(job, run_config)
+    with pytest.raises(dg.DagsterInvalidConfigError):
+        dg.validate_run_config(job, {"ops": {"trained_model": {"config": {"epochs": "many"}}}})
+    assert image_features.op.tags == {} and "dagster-k8s/config" in trained_model.op.tags  # the GPU pod
+
+
+def test_nightly_schedule_requests_one_run_per_tick(monkeypatch):
+    schedule = retraining_schedule_from_env()
+    assert schedule.cron_schedule == "0 2 * * *" and schedule.job_name == "retrain_model"
+    tick = dt.datetime(2026, 5, 4, 2, 0, tzinfo=dt.UTC)
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=tick)
+        requests = schedule.evaluate_tick(context).run_requests
+    assert len(requests) == 1 and requests[0].run_key == f"retrain-{tick.isoformat()}"
+    assert requests[0].tags["dgx/trigger"] == "schedule"
+
+    monkeypatch.setenv("DGX_RETRAIN_CRON", "30 1 * * 6")
+    assert retraining_schedule_from_env().cron_schedule == "30 1 * * 6"
+    assert build_retraining_schedule("0 * * * *", "Europe/Berlin").execution_timezone == "Europe/Berlin"
+
+
+def test_new_raw_images_batch_brings_its_features_up_to_date():
+    defs = dg.Definitions(
+        assets=[dg.AssetSpec("raw_images", partitions_def=image_batches), image_features],
+        resources={"spark": SparkResource(), "lake": LakeResource()},
+    )
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(image_batches.name, ["b0", "b1"])
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert first.total_requested == 0  # no raw data yet
+
+        instance.report_runless_asset_event(dg.AssetMaterialization("raw_images", partition="b1"))
+        second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert second.total_requested == 1
+        assert second.get_requested_partitions(dg.AssetKey("image_features")) == {"b1"}

@@ -1,0 +1,35 @@
+"""What the Dagster UI shows before anything ran: descriptions that survive its Markdown rendering, and
+automation that stays off until a person turns it on (the README says "turn on")."""
+
+import re
+
+import dagster as dg
+
+from dgx_assets.definitions import defs
+
+# A bare <word> is an HTML tag to a Markdown renderer and vanishes: placeholders belong in backticks.
+BARE_TAG = re.compile(r"<[a-z_]+>")
+
+
+def _outside_code(text: str) -> str:
+    return re.sub(r"`[^`]*`", "", text)
+
+
+def test_asset_and_check_descriptions_keep_their_placeholders_in_markdown():
+    graph = defs.resolve_asset_graph()
+    texts = {key.to_user_string(): graph.get(key).description or "" for key in graph.get_all_asset_keys()}
+    texts |= {
+        f"{key.asset_key.to_user_string()}:{key.name}": graph.get_check_spec(key).description or ""
+        for key in graph.asset_check_keys
+    }
+    vanishing = {name: BARE_TAG.findall(_outside_code(text)) for name, text in texts.items()}
+    assert not {name: tags for name, tags in vanishing.items() if tags}
+    assert "`<lake>/trained_model/model.keras`" in texts["trained_model"]
+
+
+def test_every_schedule_and_sensor_is_off_until_turned_on():
+    schedules, sensors = list(defs.schedules or []), list(defs.sensors or [])
+    assert {s.name for s in schedules} >= {"retrain_model_schedule"}
+    assert {s.name for s in sensors} >= {"landing_zone_sensor", "image_features_automation"}
+    assert all(s.default_status == dg.DefaultScheduleStatus.STOPPED for s in schedules)
+    assert all(s.default_status == dg.DefaultSensorStatus.STOPPED for s in sensors)
