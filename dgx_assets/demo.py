@@ -9,6 +9,7 @@ import logging
 import os
 import posixpath
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -91,12 +92,16 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         print(f"Seeded {sum(counts.values())} ELPV images into {landing} ({len(counts)} batches)")
     ready = [name for name, state in scan_landing(landing).items() if state.complete]
 
+    generator = _build_generator_in_background(defs.resources["ernie"])
     instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the repository's dagster.yaml, so the UI shows these runs
     instance.add_dynamic_partitions(image_batches.name, ready)
     graph = defs.resolve_asset_graph()
     # Assets tagged dgx/optional (hyperparameter_search: an extra, and long) are materialized by hand, not here.
-    keys = [key for key in graph.get_all_asset_keys()
-            if graph.get(key).is_materializable and graph.get(key).tags.get("dgx/optional") != "true"]
+    keys = [
+        key
+        for key in graph.get_all_asset_keys()
+        if graph.get(key).is_materializable and graph.get(key).tags.get("dgx/optional") != "true"
+    ]
     per_batch = [key for key in keys if graph.get(key).partitions_def is not None]
     whole = [key for key in keys if graph.get(key).partitions_def is None]
     job = defs.resolve_implicit_global_asset_job_def()
@@ -119,10 +124,14 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         if not result.asset_materializations_for_node("quality_report") and report_key in whole:
             # A gate stopped the run before the report: make the report anyway, it says what held things back.
             run("quality report", asset_selection=[report_key])
+        if generator is not None:
+            generator.join()  # the build has its own time cap; never leave it running behind the demo
 
     lake = settings.lake_root()
-    print(f"\nTook {outcome.seconds():.0f} s in {len(outcome.steps)} steps; the slowest: "
-          + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.slowest(3)))
+    print(
+        f"\nTook {outcome.seconds():.0f} s in {len(outcome.steps)} steps; the slowest: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.slowest(3))
+    )
     print(f"Lake (Parquet tables, models, report): {lake}")
     print(f"Quality report: {lake}/quality_report/report.html")
     verdict = instance.get_latest_materialization_event(report_key)
@@ -137,6 +146,26 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         print("FAILED: " + "; ".join(outcome.errors) + f" -- the reason is in {log_path} and in the Dagster UI (make dev)")
         return 1
     return 0
+
+
+def _build_generator_in_background(ernie) -> threading.Thread | None:
+    """Start training the stand-in ERNIE-Image generator now, while Spark ingests the batches, instead of in
+    ernie_generated_images' step (about 3 minutes on a laptop CPU). The step waits for this build
+    (`launcher.ensure_generator` serialises builders) and, should it fail, builds again and reports why."""
+    from dgx_assets.generation import launcher
+
+    model_dir = ernie.generator_to_build()
+    if model_dir is None:
+        return None
+    print(f"Training the local ERNIE-Image stand-in generator into {model_dir} in the background")
+
+    def build() -> None:
+        with contextlib.suppress(launcher.LaunchError, OSError, subprocess.SubprocessError):
+            launcher.ensure_generator(model_dir)
+
+    thread = threading.Thread(target=build, name="ernie-generator-build", daemon=True)
+    thread.start()
+    return thread
 
 
 @contextlib.contextmanager
@@ -183,8 +212,11 @@ def execute_for_cli(job, instance, progress: DemoProgress | None = None, log_fil
 
     # Only loggers named in the run config are used; DEBUG is what Dagster's default console shows.
     return job.with_logger_defs({"console": console}).execute_in_process(
-        instance=instance, raise_on_error=False, run_config={"loggers": {"console": {"config": {"log_level": "DEBUG"}}}},
-        **options)
+        instance=instance,
+        raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": "DEBUG"}}}},
+        **options,
+    )
 
 
 class _GateConsole(logging.Logger):
@@ -209,8 +241,10 @@ class _GateConsole(logging.Logger):
             evaluation = event.event_specific_data
             if not evaluation.passed and evaluation.blocking:
                 fixes[_check_name(evaluation)] = evaluation.description or "(the check gave no description)"
-        elif event is not None and getattr(getattr(event.event_specific_data, "error", None), "cls_name", None) == \
-                CHECK_FAILED_ERROR:
+        elif (
+            event is not None
+            and getattr(getattr(event.event_specific_data, "error", None), "cls_name", None) == CHECK_FAILED_ERROR
+        ):
             record = copy.copy(record)
             held = "; ".join(f"{name}: {fix}" for name, fix in fixes.items()) or "see the check's description"
             record.msg, record.args = record.msg.split("\n\n")[0] + f" A blocking check held it back. {held}", ()
@@ -258,12 +292,15 @@ class DemoProgress:
         if kind == dg.DagsterEventType.STEP_START and step:
             self.started[step] = time.monotonic()
             self._open_bar(step, unit="tasks")
-        elif kind in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
-                      dg.DagsterEventType.STEP_SKIPPED) and step:
+        elif (
+            kind in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED)
+            and step
+        ):
             self._close_bar()
             seconds = time.monotonic() - self.started.pop(step, time.monotonic())
             status = {dg.DagsterEventType.STEP_SUCCESS: "ok", dg.DagsterEventType.STEP_SKIPPED: "skipped"}.get(
-                kind, "held back" if held else "FAILED")
+                kind, "held back" if held else "FAILED"
+            )
             self._line(f"  {step:<46} {status:<10} {seconds:7.1f} s")
             if held:
                 self._line(f"      what to fix: {held}")
@@ -294,8 +331,9 @@ class DemoProgress:
             return
         from tqdm import tqdm
 
-        self._bar = tqdm(desc=f"  {step}", total=None, unit=unit, file=self.stream, leave=False, dynamic_ncols=True,
-                         bar_format=_WORKING_BAR)
+        self._bar = tqdm(
+            desc=f"  {step}", total=None, unit=unit, file=self.stream, leave=False, dynamic_ncols=True, bar_format=_WORKING_BAR
+        )
         self._ticker = threading.Thread(target=self._tick, args=(self._bar,), daemon=True)
         self._ticker.start()
 
@@ -339,12 +377,18 @@ class _DemoOutcome:
         for stats in instance.get_run_step_stats(result.run_id):
             if stats.start_time and stats.end_time:
                 self.steps.append((f"{stats.step_key}[{what}]", stats.end_time - stats.start_time))
-        held = [evaluation for evaluation in result.get_asset_check_evaluations()
-                if not evaluation.passed and evaluation.blocking and evaluation.severity == dg.AssetCheckSeverity.ERROR]
+        held = [
+            evaluation
+            for evaluation in result.get_asset_check_evaluations()
+            if not evaluation.passed and evaluation.blocking and evaluation.severity == dg.AssetCheckSeverity.ERROR
+        ]
         for event in result.get_step_failure_events():
             error = event.step_failure_data.error
             if error is not None and error.cls_name == CHECK_FAILED_ERROR:
-                self.gates += [f"{what}: {_check_name(e)}: {e.description or error.message.strip()}" for e in held
-                               if e.asset_check_key.asset_key.to_user_string() in error.message]
+                self.gates += [
+                    f"{what}: {_check_name(e)}: {e.description or error.message.strip()}"
+                    for e in held
+                    if e.asset_check_key.asset_key.to_user_string() in error.message
+                ]
             else:
                 self.errors.append(f"{what}: step {event.step_key} ({result.run_id})")

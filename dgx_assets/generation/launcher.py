@@ -7,6 +7,7 @@ Nothing here imports paddle: the servers are separate interpreters.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +76,18 @@ class ServerProcess:
             self.process.wait(5)
 
 
-def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0, log_dir: str | Path | None = None,
-                 config_file: str | None = None, token_env: str | None = None, extra_args: list[str] = (),
-                 env: dict | None = None, gpu_id: int | None = None) -> ServerProcess:
+def start_server(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_dir: str | Path | None = None,
+    config_file: str | None = None,
+    token_env: str | None = None,
+    extra_args: list[str] = (),
+    env: dict | None = None,
+    gpu_id: int | None = None,
+) -> ServerProcess:
     """Start one serving process without waiting for it (see `wait_ready`)."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="ernie-serving-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -84,8 +95,20 @@ def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     os.close(handle)
     port_file = Path(port_path)
     port_file.write_text("")
-    command = [sys.executable, "-m", "dgx_assets.serving", "serve", "--model-dir", str(model_dir),
-               "--host", host, "--port", str(port), "--port-file", str(port_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "dgx_assets.serving",
+        "serve",
+        "--model-dir",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
+    ]
     if config_file:
         command += ["--config", config_file]
     if token_env:
@@ -100,8 +123,9 @@ def start_server(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
         command += ["--gpu-ids", "0"]
     log_path = log_dir / f"{port_file.name.replace('port-', 'server-')}.log"
     log_handle = open(log_path, "ab")
-    process = subprocess.Popen(command, stdout=log_handle, stderr=subprocess.STDOUT, env=child_env,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=log_handle, stderr=subprocess.STDOUT, env=child_env, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     return ServerProcess(process, port_file, log_path, host=host, _log_handle=log_handle)
 
 
@@ -120,8 +144,9 @@ def wait_ready(servers: list[ServerProcess], timeout_s: float = 120.0) -> None:
     while pending:
         for server in list(pending):
             if server.process.poll() is not None:
-                raise LaunchError(f"serving process pid {server.pid} exited with code {server.process.returncode}"
-                                  f":\n{server.log_tail()}")
+                raise LaunchError(
+                    f"serving process pid {server.pid} exited with code {server.process.returncode}:\n{server.log_tail()}"
+                )
             if server.port is None:
                 text = server.port_file.read_text().strip()
                 server.port = int(text) if text else None
@@ -134,17 +159,18 @@ def wait_ready(servers: list[ServerProcess], timeout_s: float = 120.0) -> None:
             if status.get("status") == "ready":
                 pending.remove(server)
             elif status.get("status") == "failed":
-                raise LaunchError(f"serving process pid {server.pid} could not load its model: "
-                                  f"{status.get('error')}\n{server.log_tail()}")
+                raise LaunchError(
+                    f"serving process pid {server.pid} could not load its model: {status.get('error')}\n{server.log_tail()}"
+                )
         if pending and time.monotonic() > deadline:
-            raise LaunchError(f"serving process pid {pending[0].pid} not ready after {timeout_s:.0f}s:\n"
-                              f"{pending[0].log_tail()}")
+            raise LaunchError(f"serving process pid {pending[0].pid} not ready after {timeout_s:.0f}s:\n{pending[0].log_tail()}")
         if pending:
             time.sleep(0.2)
 
 
-def start_local_servers(count: int, model_dir: str | Path, *, gpu_ids: list[int] | None = None,
-                        timeout_s: float = 120.0, **options) -> list[ServerProcess]:
+def start_local_servers(
+    count: int, model_dir: str | Path, *, gpu_ids: list[int] | None = None, timeout_s: float = 120.0, **options
+) -> list[ServerProcess]:
     """Start `count` servers on free loopback ports and wait until all are ready (or stop them all)."""
     check_model_dir(model_dir)
     servers: list[ServerProcess] = []
@@ -176,12 +202,13 @@ def local_servers(count: int, model_dir: str | Path, **options):
 def check_model_dir(model_dir: str | Path) -> None:
     missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).exists()]
     if missing:
-        raise LaunchError(f"no generator in {model_dir} (missing {', '.join(missing)}): build it with "
-                          f"`dgx-assets build-generator --out {model_dir}` (add --quick for a seconds-long build)")
+        raise LaunchError(
+            f"no generator in {model_dir} (missing {', '.join(missing)}): build it with "
+            f"`dgx-assets build-generator --out {model_dir}` (add --quick for a seconds-long build)"
+        )
 
 
-def build_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = (),
-                    timeout_s: float = 900.0) -> Path:
+def build_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = (), timeout_s: float = 900.0) -> Path:
     """Train and export the generator in a separate interpreter (paddle never enters this one)."""
     command = [sys.executable, "-m", "dgx_assets.serving", "build-generator", "--out", str(out_dir), *extra_args]
     if quick:
@@ -195,10 +222,27 @@ def build_generator(out_dir: str | Path, quick: bool = False, extra_args: list[s
     return Path(out_dir)
 
 
-def ensure_generator(out_dir: str | Path, quick: bool = False) -> Path:
-    """The generator in `out_dir`, built first if it is not there."""
-    try:
-        check_model_dir(out_dir)
-    except LaunchError:
-        build_generator(out_dir, quick=quick)
-    return Path(out_dir)
+def ensure_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = ()) -> Path:
+    """The generator in `out_dir`, built first if it is not there.
+
+    Callers that arrive while another (thread or process) builds it wait for that build instead of starting
+    a second one or starting servers on half-written files: `make demo` starts the build in the background
+    while Spark ingests, and the generation step then finds it ready or waits for it.
+    """
+    out = Path(out_dir)
+    with generator_build_lock(out):
+        try:
+            check_model_dir(out)
+        except LaunchError:
+            build_generator(out, quick=quick, extra_args=extra_args)
+    return out
+
+
+@contextmanager
+def generator_build_lock(out_dir: str | Path) -> Iterator[None]:
+    """Held while a generator is built into `out_dir`; a lock file beside it, so other processes see it too."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        yield

@@ -24,8 +24,19 @@ from dgx_assets.generation.client import ClientSettings, parse_endpoints
 
 LOCAL = "local"
 # Resource fields handed to ClientSettings under the same name.
-CLIENT_FIELDS = ("concurrency", "connect_timeout_s", "read_timeout_s", "request_deadline_s", "status_deadline_s",
-                 "ca_bundle", "verify_tls", "max_retries", "backoff_s", "breaker_threshold", "breaker_cooldown_s")
+CLIENT_FIELDS = (
+    "concurrency",
+    "connect_timeout_s",
+    "read_timeout_s",
+    "request_deadline_s",
+    "status_deadline_s",
+    "ca_bundle",
+    "verify_tls",
+    "max_retries",
+    "backoff_s",
+    "breaker_threshold",
+    "breaker_cooldown_s",
+)
 TOKEN_VARIABLE = "ERNIE_SERVING_TOKEN"  # how a launched local server receives the token
 
 
@@ -36,38 +47,49 @@ def default_model_dir() -> Path:
 class ErnieServingResource(dg.ConfigurableResource):
     """ERNIE-Image serving endpoints (DGX_ERNIE_ENDPOINTS, or `local`) and how executors call them."""
 
-    endpoints: Optional[str] = Field(default=None, description="comma-separated URLs, or 'local'; "
-                                                               "None reads DGX_ERNIE_ENDPOINTS (default local)")
-    protocol: str = Field(default="openai", description="'openai' (/v1/images/generations, SGLang) or "
-                                                        "'pipeline' (Paddle Serving /<service>/prediction)")
+    endpoints: Optional[str] = Field(
+        default=None, description="comma-separated URLs, or 'local'; None reads DGX_ERNIE_ENDPOINTS (default local)"
+    )
+    protocol: str = Field(
+        default="openai",
+        description="'openai' (/v1/images/generations, SGLang) or 'pipeline' (Paddle Serving /<service>/prediction)",
+    )
     service_name: str = "ernie_image"
     model_name: str = "ernie-image"
-    token: Optional[str] = Field(default=None, description="bearer token; None reads DGX_ERNIE_TOKEN (the "
-                                                             "Kubernetes secret deploy/ hands to run pods)")
+    token: Optional[str] = Field(
+        default=None, description="bearer token; None reads DGX_ERNIE_TOKEN (the Kubernetes secret deploy/ hands to run pods)"
+    )
     # Local mode: the bundled server.
     local_instances: int = 2
     model_dir: Optional[str] = Field(default=None, description="generator for local mode; default .dgx/ernie_generator")
-    build_if_missing: bool = Field(default=True, description="local mode: train the generator first if absent "
-                                                             "(a few minutes on a CPU)")
+    build_if_missing: bool = Field(
+        default=True, description="local mode: train the generator first if absent (a few minutes on a CPU)"
+    )
     gpu_ids: Optional[str] = Field(default=None, description="local mode: e.g. '0,1' pins one server per GPU")
     startup_timeout_s: float = 180.0
     # Client behaviour in the executors; each default is ClientSettings' own (one definition per setting).
     concurrency: int = ClientSettings.concurrency
     tasks: int = Field(default=0, description="Spark tasks to spread prompts over; 0 = one per endpoint (min 2)")
     connect_timeout_s: float = ClientSettings.connect_timeout_s
-    read_timeout_s: float = Field(default=ClientSettings.read_timeout_s,
-                                  description="the longest silence between two reads of a reply")
-    request_deadline_s: float = Field(default=ClientSettings.request_deadline_s,
-                                      description="the longest one image request may take in all, however slowly "
-                                                  "the endpoint answers; then it is retried elsewhere")
-    status_deadline_s: float = Field(default=ClientSettings.status_deadline_s,
-                                     description="the longest one /status probe may take in all")
-    ca_bundle: Optional[str] = Field(default=ClientSettings.ca_bundle,
-                                     description="PEM file of the CAs that sign https endpoints' certificates; "
-                                                 "None: the system's CAs")
-    verify_tls: bool = Field(default=ClientSettings.verify_tls,
-                             description="verify https endpoints' certificates (TLS 1.2 at least either way); "
-                                         "turn off only for a test endpoint")
+    read_timeout_s: float = Field(
+        default=ClientSettings.read_timeout_s, description="the longest silence between two reads of a reply"
+    )
+    request_deadline_s: float = Field(
+        default=ClientSettings.request_deadline_s,
+        description="the longest one image request may take in all, however slowly "
+        "the endpoint answers; then it is retried elsewhere",
+    )
+    status_deadline_s: float = Field(
+        default=ClientSettings.status_deadline_s, description="the longest one /status probe may take in all"
+    )
+    ca_bundle: Optional[str] = Field(
+        default=ClientSettings.ca_bundle,
+        description="PEM file of the CAs that sign https endpoints' certificates; None: the system's CAs",
+    )
+    verify_tls: bool = Field(
+        default=ClientSettings.verify_tls,
+        description="verify https endpoints' certificates (TLS 1.2 at least either way); turn off only for a test endpoint",
+    )
     max_retries: int = ClientSettings.max_retries
     backoff_s: float = ClientSettings.backoff_s
     breaker_threshold: int = ClientSettings.breaker_threshold
@@ -85,10 +107,26 @@ class ErnieServingResource(dg.ConfigurableResource):
     def is_local(self) -> bool:
         return self.resolved_endpoints.lower() == LOCAL
 
+    @property
+    def local_model_dir(self) -> Path:
+        return Path(self.model_dir) if self.model_dir else default_model_dir()
+
+    def generator_to_build(self) -> Optional[Path]:
+        """The local generator a run of this resource would have to train first, if any."""
+        if not (self.is_local and self.build_if_missing):
+            return None
+        missing = not all((self.local_model_dir / name).exists() for name in launcher.MODEL_FILES)
+        return self.local_model_dir if missing else None
+
     def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
         return ClientSettings(
-            urls, protocol=self.protocol, service=self.service_name, model=self.model_name, token=self.resolved_token,
-            **{name: getattr(self, name) for name in CLIENT_FIELDS})
+            urls,
+            protocol=self.protocol,
+            service=self.service_name,
+            model=self.model_name,
+            token=self.resolved_token,
+            **{name: getattr(self, name) for name in CLIENT_FIELDS},
+        )
 
     def task_count(self, urls: tuple[str, ...]) -> int:
         return self.tasks or max(2, len(urls))
@@ -103,12 +141,14 @@ class ErnieServingResource(dg.ConfigurableResource):
             yield urls
             return
         if settings.deployment() != "local" and log is not None:
-            log.warning("DGX_ERNIE_ENDPOINTS=local starts the servers on this host's loopback: executors on other "
-                        "hosts cannot reach them. On a cluster, list the serving URLs in DGX_ERNIE_ENDPOINTS.")
-        model_dir = Path(self.model_dir) if self.model_dir else default_model_dir()
-        if self.build_if_missing and not all((model_dir / name).exists() for name in launcher.MODEL_FILES):
-            say(f"No generator in {model_dir}: training one now (a few minutes on a CPU)")
-            launcher.build_generator(model_dir)
+            log.warning(
+                "DGX_ERNIE_ENDPOINTS=local starts the servers on this host's loopback: executors on other "
+                "hosts cannot reach them. On a cluster, list the serving URLs in DGX_ERNIE_ENDPOINTS."
+            )
+        model_dir = self.local_model_dir
+        if self.generator_to_build():
+            say(f"No generator in {model_dir} yet: training one now, or waiting for the build under way (minutes on a CPU)")
+            launcher.ensure_generator(model_dir)
         env = dict(os.environ)
         options: dict = {"log_dir": settings.state_dir() / "serving-logs", "env": env, "timeout_s": self.startup_timeout_s}
         extra = ["--service-name", self.service_name]
@@ -116,10 +156,10 @@ class ErnieServingResource(dg.ConfigurableResource):
             env[TOKEN_VARIABLE] = self.resolved_token
             options["token_env"] = TOKEN_VARIABLE
         gpu_ids = [int(x) for x in self.gpu_ids.split(",") if x.strip()] if self.gpu_ids else None
-        servers = launcher.start_local_servers(self.local_instances, model_dir, gpu_ids=gpu_ids, extra_args=extra,
-                                               **options)
-        say("Launched local ERNIE-Image serving processes: "
-            + ", ".join(f"{server.url} (pid {server.pid})" for server in servers))
+        servers = launcher.start_local_servers(self.local_instances, model_dir, gpu_ids=gpu_ids, extra_args=extra, **options)
+        say(
+            "Launched local ERNIE-Image serving processes: " + ", ".join(f"{server.url} (pid {server.pid})" for server in servers)
+        )
         try:
             yield tuple(server.url for server in servers)
         finally:
