@@ -50,26 +50,10 @@ def baseline_chunk(paths: list[str], out_file: str) -> int:
     import pyarrow.parquet as pq
     from PIL import Image
 
-    columns: dict[str, list] = {
-        name: []
-        for name in (
-            "path",
-            "label",
-            "size_bytes",
-            "modified_at",
-            "sha256",
-            "format",
-            "width",
-            "height",
-            "mode",
-            "status",
-            "reason",
-            "split",
-            "content",
-            "ingested_at",
-        )
-    }
-    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    from dgx_assets.ingest.spark_ingest import RAW_IMAGES_SCHEMA
+
+    columns: dict[str, list] = {name: [] for name in RAW_IMAGES_SCHEMA.names}
+    now = dt.datetime.now(dt.UTC)
     for path in paths:
         stat = os.stat(path)
         with open(path, "rb") as handle:
@@ -87,7 +71,7 @@ def baseline_chunk(paths: list[str], out_file: str) -> int:
             "path": "file:" + path,
             "label": os.path.basename(os.path.dirname(path)),
             "size_bytes": len(data),
-            "modified_at": dt.datetime.fromtimestamp(stat.st_mtime),
+            "modified_at": dt.datetime.fromtimestamp(stat.st_mtime, dt.UTC),
             "sha256": digest,
             "format": fmt,
             "width": width,
@@ -101,25 +85,7 @@ def baseline_chunk(paths: list[str], out_file: str) -> int:
         }
         for name, value in values.items():
             columns[name].append(value)
-    schema = pa.schema(
-        [
-            ("path", pa.string()),
-            ("label", pa.string()),
-            ("size_bytes", pa.int64()),
-            ("modified_at", pa.timestamp("us")),
-            ("sha256", pa.string()),
-            ("format", pa.string()),
-            ("width", pa.int32()),
-            ("height", pa.int32()),
-            ("mode", pa.string()),
-            ("status", pa.string()),
-            ("reason", pa.string()),
-            ("split", pa.string()),
-            ("content", pa.binary()),
-            ("ingested_at", pa.timestamp("us")),
-        ]
-    )
-    pq.write_table(pa.table(columns, schema=schema), out_file, compression="zstd")
+    pq.write_table(pa.table(columns, schema=RAW_IMAGES_SCHEMA), out_file, compression="zstd")
     return len(paths)
 
 

@@ -4,13 +4,13 @@ replies dripped one byte at a time, and https with a certificate the test makes.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import ssl
 import time
 
 import pytest
 from rogue import RogueServer, png
 from support.generation import build_generated_frame
+from support.tls import make_ca_and_server_cert
 
 from dgx_assets.generation import generate
 from dgx_assets.generation.client import ClientSettings, ErnieClient
@@ -127,75 +127,9 @@ def test_a_dripping_status_probe_costs_one_status_deadline(rogue):
 # --- TLS ------------------------------------------------------------------------------------------------------
 
 
-def make_ca_and_server_cert(folder):
-    """A self-signed CA and a server certificate for 127.0.0.1 signed by it, as PEM files."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-
-    def certificate(subject, issuer, public_key, signing_key, ca: bool, names=None):
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if ca:
-            builder = builder.add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            builder = builder.add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-        if names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-            builder = builder.add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()), critical=False
-            )
-        return builder.sign(signing_key, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dgx-assets test CA")])
-    ca_cert = certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca=True)
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = certificate(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
-        ca_name,
-        server_key.public_key(),
-        ca_key,
-        ca=False,
-        names=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
-    )
-    paths = {name: folder / f"{name}.pem" for name in ("ca", "server", "server_key")}
-    paths["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths["server"].write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    paths["server_key"].write_bytes(
-        server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
-
-
 def https_server(paths, maximum_version=None) -> RogueServer:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(paths["server"], paths["server_key"])
+    context.load_cert_chain(paths.server, paths.server_key)
     if maximum_version is not None:
         context.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
         context.maximum_version = maximum_version
@@ -207,7 +141,7 @@ def test_https_endpoints_are_verified_against_the_ca_bundle_and_need_tls_1_2(tmp
     paths = make_ca_and_server_cert(tmp_path)
     server = https_server(paths)
     try:
-        resource = ErnieServingResource(endpoints=server.url, ca_bundle=str(paths["ca"]), max_retries=0, backoff_s=0.01)
+        resource = ErnieServingResource(endpoints=server.url, ca_bundle=paths.ca, max_retries=0, backoff_s=0.01)
         trusted = ErnieClient(resource.client_settings((server.url,)))
         reply = trusted.generate("cell", 32, 32, seed=1)
         assert reply.ok, reply.error
@@ -228,9 +162,9 @@ def test_https_endpoints_are_verified_against_the_ca_bundle_and_need_tls_1_2(tmp
     except ssl.SSLError as error:  # an OpenSSL built without TLS 1.1 cannot even offer it
         pytest.skip(f"this OpenSSL cannot serve TLS 1.1: {error}")
     try:
-        refused = ErnieClient(
-            ClientSettings((old.url,), ca_bundle=str(paths["ca"]), verify_tls=False, max_retries=0, **FAST)
-        ).generate("cell", 32, 32, seed=1)
+        refused = ErnieClient(ClientSettings((old.url,), ca_bundle=paths.ca, verify_tls=False, max_retries=0, **FAST)).generate(
+            "cell", 32, 32, seed=1
+        )
         assert refused.error_kind == "unavailable" and "SSL" in refused.error
     finally:
         old.stop()

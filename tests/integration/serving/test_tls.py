@@ -2,85 +2,23 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import socket
 import ssl
 import time
+from dataclasses import astuple
 
 import pytest
 import requests
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from serving_probe import OPENAI
+from support.tls import make_ca_and_server_cert
 
 from dgx_assets.generation import launcher
-
-
-def _name(text: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
-
-
-def make_ca_and_server_cert(folder) -> tuple[str, str, str]:
-    """(CA certificate, server certificate, server key) PEM paths; the server's is valid for 127.0.0.1."""
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("dgx test CA"))
-        .issuer_name(_name("dgx test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("ernie-serving"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = (folder / "ca.pem", folder / "server.pem", folder / "server.key")
-    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return tuple(str(path) for path in paths)
 
 
 @pytest.fixture(scope="module")
 def tls_server(quick_model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tls")
-    ca, cert, key = make_ca_and_server_cert(folder)
+    ca, cert, key = astuple(make_ca_and_server_cert(folder))
     server = launcher.start_server(quick_model, log_dir=folder, extra_args=["--tls-cert", cert, "--tls-key", key])
     try:
         deadline = time.monotonic() + 120

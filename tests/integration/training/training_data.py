@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from dgx_assets.ingest import images
+from dgx_assets.ingest.spark_ingest import RAW_IMAGES_SCHEMA
 
 # A small, quiet local Spark for these tests (no UI, no event log, two cores).
 SPARK_TEST_CONF = {
@@ -25,22 +26,8 @@ SPARK_TEST_CONF = {
     "spark.driver.memory": "2g",
 }
 
-RAW_SCHEMA = pa.schema(
-    [
-        ("path", pa.string()),
-        ("label", pa.string()),
-        ("size_bytes", pa.int64()),
-        ("sha256", pa.string()),
-        ("format", pa.string()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("mode", pa.string()),
-        ("status", pa.string()),
-        ("reason", pa.string()),
-        ("split", pa.string()),
-        ("content", pa.binary()),
-    ]
-)
+# raw_images' layout, without the two timestamps these hand-made partitions do not need.
+RAW_SCHEMA = pa.schema([field for field in RAW_IMAGES_SCHEMA if field.name not in ("modified_at", "ingested_at")])
 
 
 def split_for(sha256: str) -> str:
