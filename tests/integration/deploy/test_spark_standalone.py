@@ -28,6 +28,18 @@ from dgx_assets.spark.resource import SparkResource
 PRESENT_GPUS = "0,1,2,3,4,5,6,7"
 ALLOWED_GPUS = ["4", "5"]
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+# Sized for a 2-core test machine: two executors of one core and one GPU each, one GPU per task.
+APPLICATION_CONF = {
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "512m",
+    "spark.task.resource.gpu.amount": "1",
+    "spark.cores.max": "2",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.eventLog.enabled": "false",
+    "spark.pyspark.python": sys.executable,
+}
 
 
 def free_port() -> int:
@@ -171,18 +183,7 @@ def test_standalone_tasks_each_get_and_bind_their_own_gpu(standalone_cluster, tm
     spark = SparkResource(
         deployment="standalone",
         master=master_url,
-        spark_conf={
-            # Sized for a 2-core test machine: two executors of one core and one GPU each, one GPU per task.
-            "spark.executor.cores": "1",
-            "spark.executor.memory": "512m",
-            "spark.task.resource.gpu.amount": "1",
-            "spark.cores.max": "2",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.eventLog.enabled": "false",
-            "spark.pyspark.python": sys.executable,
-        },
+        spark_conf=APPLICATION_CONF,
     )
     assert spark.spark_config["spark.executor.resource.gpu.amount"] == "1"  # from the profile itself
 
@@ -279,17 +280,7 @@ def test_standalone_training_workers_each_bind_their_own_gpu(standalone_cluster,
     spark = SparkResource(
         deployment="standalone",
         master=master_url,
-        spark_conf={
-            "spark.executor.cores": "1",
-            "spark.executor.memory": "512m",
-            "spark.task.resource.gpu.amount": "1",
-            "spark.cores.max": "2",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.eventLog.enabled": "false",
-            "spark.pyspark.python": sys.executable,
-        },
+        spark_conf=APPLICATION_CONF,
     )
     config = TrainConfig(backbone="scratch", width=4, epochs=1, batch_size=8, augment=False)
     try:
