@@ -135,7 +135,7 @@ class Recipe(BaseModel):
 # a high one halved on plateaus.
 RECIPES = {
     EFFICIENTNET_LITE0: Recipe(
-        epochs=10, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False
+        epochs=6, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False
     ),
     SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau", class_weighting=True),
 }
