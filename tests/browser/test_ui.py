@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 import requests
 from dagster_dev import REPO, dagster_dev, free_port  # noqa: F401 (fixture)
-from training.training_data import png, synthetic_cell
+from support.training_data import png, synthetic_cell
 
 CHROMIUM = os.environ.get("DGX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENSHOTS = Path(os.environ.get("DGX_SCREENSHOTS") or REPO / ".dgx" / "screenshots")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import training_data
+from support import training_data
 
 
 @pytest.fixture(scope="session")

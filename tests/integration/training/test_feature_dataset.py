@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-import training_data
+from support import training_data
 
 from dgx_assets.training.config import FeatureConfig
 from dgx_assets.training.dataset import (

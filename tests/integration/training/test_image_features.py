@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import training_data
 from imagefactory import valid_images
 from PIL import Image
+from support import training_data
 
 from dgx_assets.training.config import FeatureConfig, FeatureConfigError
 from dgx_assets.training.features import FEATURE_COLUMNS, build_image_features, compute_features, plan_row_groups, tensor_from_row

@@ -34,7 +34,7 @@ def test_dataset_streams_every_row_of_a_split_once(feature_files):
 
 
 def test_mixed_tensor_shapes_are_refused(feature_files, tmp_path):
-    import training_data
+    from support import training_data
 
     from dgx_assets.training.config import FeatureConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import training_data
+from support import training_data
 
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
