@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dgx_assets import settings
 
+# What a generator folder holds; build_generator moves them in in this order, so the metadata arriving means all are whole.
 MODEL_FILES = ("generator.json", "generator.pdiparams", "generator_meta.json")
 
 
@@ -199,8 +200,12 @@ def local_servers(count: int, model_dir: str | Path, **options):
         stop_servers(servers)
 
 
+def missing_model_files(model_dir: str | Path) -> list[str]:
+    return [name for name in MODEL_FILES if not (Path(model_dir) / name).exists()]
+
+
 def check_model_dir(model_dir: str | Path) -> None:
-    missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).exists()]
+    missing = missing_model_files(model_dir)
     if missing:
         raise LaunchError(
             f"no generator in {model_dir} (missing {', '.join(missing)}): build it with "
@@ -209,17 +214,27 @@ def check_model_dir(model_dir: str | Path) -> None:
 
 
 def build_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = (), timeout_s: float = 900.0) -> Path:
-    """Train and export the generator in a separate interpreter (paddle never enters this one)."""
-    command = [sys.executable, "-m", "dgx_assets.serving", "build-generator", "--out", str(out_dir), *extra_args]
-    if quick:
-        command.append("--quick")
-    env = dict(os.environ)
-    env.setdefault("PYTHONPATH", str(settings.repo_root()))
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    if result.returncode != 0:
-        raise LaunchError(f"build-generator failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    check_model_dir(out_dir)
-    return Path(out_dir)
+    """Train and export the generator in a separate interpreter (paddle never enters this one).
+
+    It is built beside `out_dir` and its files moved in one by one, the metadata last (MODEL_FILES' order): a
+    reader that finds all of MODEL_FILES in `out_dir` finds them whole, even while a build is under way.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-building-", dir=out.parent) as building:
+        command = [sys.executable, "-m", "dgx_assets.serving", "build-generator", "--out", building, *extra_args]
+        if quick:
+            command.append("--quick")
+        env = dict(os.environ)
+        env.setdefault("PYTHONPATH", str(settings.repo_root()))
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if result.returncode != 0:
+            raise LaunchError(f"build-generator failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        check_model_dir(building)
+        out.mkdir(exist_ok=True)
+        for name in MODEL_FILES:
+            os.replace(Path(building) / name, out / name)
+    return out
 
 
 def ensure_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = ()) -> Path:

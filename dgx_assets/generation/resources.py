@@ -115,8 +115,7 @@ class ErnieServingResource(dg.ConfigurableResource):
         """The local generator a run of this resource would have to train first, if any."""
         if not (self.is_local and self.build_if_missing):
             return None
-        missing = not all((self.local_model_dir / name).exists() for name in launcher.MODEL_FILES)
-        return self.local_model_dir if missing else None
+        return self.local_model_dir if launcher.missing_model_files(self.local_model_dir) else None
 
     def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
         return ClientSettings(
