@@ -86,6 +86,6 @@ def quick_model(one_paddle_thread):
 def pytest_collection_modifyitems(items):
     tests = Path(__file__).parent
     for item in items:
-        tier = Path(item.fspath).relative_to(tests).parts[0]
+        tier = item.path.relative_to(tests).parts[0]
         if tier in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, tier))
