@@ -43,6 +43,7 @@ def edge_model(
             "mlflow_model_version": dg.MetadataValue.url(version_url),
             "path": dg.MetadataValue.path(result.uri),
             "quantization": report.quantization,
+            "float_layers": dg.MetadataValue.json(spec.float_layers),
             "raw_input": f"uint8 {spec.input_shape} ({spec.signature}/{spec.input_name}), decoded pixels",
             "model_input": dg.MetadataValue.json(spec.model_input_shape),
             "tflite_size_bytes": report.tflite_size_bytes,

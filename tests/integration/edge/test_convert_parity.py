@@ -192,3 +192,53 @@ def test_edge_preprocessing_reproduces_image_features_tensors(edge_dataset, trai
     assert abs(difference.mean()) < 0.1  # unbiased
     assert np.abs(difference).max() <= (3.0 if quantization == "int8" else 1.0)
     assert np.mean(np.abs(difference) <= 1.0) > (0.99 if quantization == "int8" else 1 - 1e-9)
+
+
+def _stem_classifier():
+    """A small network with EfficientNet-Lite0's stem and block-0 layer names, for the float_layers tests."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    pixels = keras.Input((MODEL_SIZE, MODEL_SIZE, 1), name="pixels")
+    x = keras.layers.Rescaling(1 / 128, offset=-127 / 128, name="rescale")(pixels)
+    x = keras.layers.Conv2D(8, 3, strides=2, padding="same", name="stem_conv")(x)
+    x = keras.layers.ReLU(6.0, name="stem_relu")(x)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", name="block00_dw_conv")(x)
+    x = keras.layers.ReLU(6.0, name="block00_dw_relu")(x)
+    x = keras.layers.Conv2D(8, 1, name="block00_project_conv")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(pixels, keras.layers.Dense(len(CLASS_NAMES), activation="softmax", name="probabilities")(x))
+
+
+@pytest.mark.parametrize(
+    "float_layers, expected",
+    [
+        (None, ["stem_relu", "block00_dw_relu"]),  # the default: Lite0's stem and first depthwise convolution
+        ([], []),  # full-integer
+        (["block00_project"], ["block00_project_conv"]),
+        (["stem_conv"], ["stem_relu"]),  # the conv is fused with its ReLU into one op: that op stays float
+    ],
+)
+def test_float_layers_stay_float_and_the_edge_contract_holds(train_raw_images, float_layers, expected):
+    from ai_edge_litert.interpreter import Interpreter
+
+    options = {} if float_layers is None else {"float_layers": float_layers}
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, representative_samples=50, **options)
+    tflite_model = convert_to_tflite(_stem_classifier(), config, train_raw_images)
+    spec = describe_tflite(tflite_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1))
+
+    # Still raw uint8 pixels in (scale 1, zero point 0: describe_tflite checks it), probabilities out.
+    assert (spec.input_dtype, spec.output_dtype) == ("uint8", "float32")
+    assert spec.float_layers == expected
+    # Every other compute op, the resize's two FULLY_CONNECTED included, is int8.
+    interpreter = Interpreter(model_content=tflite_model)
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    integer_ops = [op for op in interpreter._get_ops_details() if tensors[op["inputs"][0]]["dtype"] == np.int8]
+    assert sum(op["op_name"] == "FULLY_CONNECTED" for op in integer_ops) >= 2
+    assert sum(op["op_name"] in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in integer_ops) == 3 - len(expected)
+
+
+def test_layer_names_that_match_nothing_leave_the_model_full_integer(trained_classifier, int8_model):
+    # The fixture classifier has no stem_/block00_dw_ layers: the default float_layers changes nothing.
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE)
+    assert describe_tflite(int8_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1)).float_layers == []
