@@ -7,6 +7,7 @@ import pytest
 from support.edge_data import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
 
 from dgx_assets.edge.convert import (
+    LITE0_FLOAT_STEM,
     EdgeConversionConfig,
     _resize_antialiased,
     convert_to_tflite,
@@ -213,8 +214,8 @@ def _stem_classifier():
 @pytest.mark.parametrize(
     "float_layers, expected",
     [
-        (None, ["stem_relu", "block00_dw_relu"]),  # the default: Lite0's stem and first depthwise convolution
-        ([], []),  # full-integer
+        (None, []),  # the default: full-integer
+        (list(LITE0_FLOAT_STEM), ["stem_relu", "block00_dw_relu"]),  # Lite0's stem and first depthwise convolution
         (["block00_project"], ["block00_project_conv"]),
         (["stem_conv"], ["stem_relu"]),  # the conv is fused with its ReLU into one op: that op stays float
     ],
@@ -238,7 +239,8 @@ def test_float_layers_stay_float_and_the_edge_contract_holds(train_raw_images, f
     assert sum(op["op_name"] in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in integer_ops) == 3 - len(expected)
 
 
-def test_layer_names_that_match_nothing_leave_the_model_full_integer(trained_classifier, int8_model):
-    # The fixture classifier has no stem_/block00_dw_ layers: the default float_layers changes nothing.
-    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE)
-    assert describe_tflite(int8_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1)).float_layers == []
+def test_layer_names_that_match_nothing_leave_the_model_full_integer(trained_classifier, train_raw_images):
+    # The fixture classifier has no stem_/block00_dw_ layers.
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, float_layers=list(LITE0_FLOAT_STEM))
+    tflite_model = convert_to_tflite(trained_classifier.model, config, train_raw_images)
+    assert describe_tflite(tflite_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1)).float_layers == []
