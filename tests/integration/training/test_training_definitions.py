@@ -14,7 +14,7 @@ from support import training_data
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
-from dgx_assets.training.assets import image_features, trained_model
+from dgx_assets.training.assets import TRAINED_MODEL_CODE_VERSION, image_features, trained_model
 from dgx_assets.training.checks import beats_baseline_and_champion, evaluate_gate
 from dgx_assets.training.definitions import defs as training_defs
 from dgx_assets.training.schedules import build_retraining_schedule, retraining_schedule_from_env
@@ -104,7 +104,8 @@ def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained
     client = MlflowClient(resources["mlflow"].resolved_tracking_uri)
     run = client.get_run(info["mlflow_run_id"])
     assert run.data.tags["dagster.run_id"] == trained.run_id
-    assert run.data.tags["dagster.partition_keys"] == "b0,b1" and run.data.tags["dagster.code_version"] == "1"
+    assert run.data.tags["dagster.partition_keys"] == "b0,b1"
+    assert run.data.tags["dagster.code_version"] == TRAINED_MODEL_CODE_VERSION
     assert str(client.get_model_version_by_alias(MODEL_NAME, "candidate").version) == info["model_version"]
 
     evaluation = trained.get_asset_check_evaluations()[0]
