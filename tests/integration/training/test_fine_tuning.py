@@ -45,6 +45,9 @@ def test_only_the_top_blocks_learn_their_batch_normalisation_included(fine_tuned
     changed = _changed_layers(fine_tuned)
     assert not {"stem_conv", "stem_bn", "block08_project_conv", "block08_project_bn"} & changed  # below trainable_from_block
     assert {"block09_dw_conv", "head_conv", "head_bn", "block12_expand_bn"} <= changed
+    # The learning ones track their statistics faster than Keras' default, the frozen ones keep it.
+    backbone = fine_tuned.model.get_layer("efficientnet_lite0")
+    assert backbone.get_layer("head_bn").momentum == 0.9 and backbone.get_layer("block08_project_bn").momentum == 0.99
 
 
 def test_batch_normalisation_can_keep_imagenet_statistics(feature_files, tmp_path):
