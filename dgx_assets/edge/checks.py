@@ -11,6 +11,8 @@ class ParityGateConfig(dg.Config):
 
 
 # Blocks champion_model (the promotion) unless the edge model agrees with trained_model on the test split.
+# Training longer is not in the advice: on ELPV the better-trained classifiers agreed less with their int8
+# models (they flip on sub-grey-level input noise), while float16 agreed on every test image.
 @dg.asset_check(
     asset="edge_model",
     name="parity",
@@ -30,8 +32,9 @@ def edge_model_parity(config: ParityGateConfig, lake: LakeResource) -> dg.AssetC
         passed=gate.passed,
         severity=dg.AssetCheckSeverity.ERROR,
         description=(
-            "; ".join(gate.reasons) + ". To fix: set `quantization: float16` in edge_model's config or train "
-            "trained_model longer, then re-materialize edge_model"
+            "; ".join(gate.reasons) + ". To fix: set `quantization: float16` in edge_model's config (about twice "
+            "the int8 model's size and latency), or keep the layers that lose most in float with `float_layers`, "
+            "then re-materialize edge_model"
         )
         if not gate.passed
         else "edge model agrees with trained_model",

@@ -222,6 +222,8 @@ def test_mismatched_preprocessing_fails_the_blocking_parity_check_and_skips_cham
     parity = check_result(result, "parity")
     assert not parity.passed and parity.severity == dg.AssetCheckSeverity.ERROR
     assert parity.metadata["top1_agreement"].value < 0.99
+    # What to change is said in the result, as settings edge_model's config has.
+    assert "`quantization: float16`" in parity.description and "`float_layers`" in parity.description
     assert "promoted" not in parity.metadata  # the check only judges
     assert not materialized(result, "champion_model") and champion(edge_env) is None
 
