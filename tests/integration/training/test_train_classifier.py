@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -51,6 +53,9 @@ def test_training_is_deterministic_and_beats_the_majority_baseline(feature_files
     assert first.test.metrics == second.test.metrics  # same data + config -> same numbers
     assert first.strategy == "MirroredStrategy" and first.replicas == 1 and first.precision_policy == "float32"
     assert first.epochs == [0, 1, 2, 3] and first.resumed_from_epoch == 0
+    # Each epoch is one pass over the training split, though Keras reads it from one repeated dataset.
+    passes = math.ceil(scan_features(feature_files).rows("train") / small_train_config.batch_size)
+    assert int(first.model.optimizer.iterations.numpy()) == 4 * passes
     metrics = first.test.metrics
     assert metrics["accuracy"] > metrics["majority_baseline_accuracy"]
     assert 0.5 < metrics["roc_auc"] <= 1.0
