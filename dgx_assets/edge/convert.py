@@ -286,23 +286,30 @@ def convert_to_tflite(
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
             converter.inference_input_type = tf.uint8
             converter.inference_output_type = tf.float32
-            float_layers = _float_layer_names(model, config.float_layers)
-            if float_layers:
-                return _quantize_except(converter, float_layers)
+            if config.float_layers:
+                return _quantize_except(converter, _float_layer_names(model, config.float_layers))
         elif config.quantization == "float16":
             converter.target_spec.supported_types = [tf.float16]
         return converter.convert()
 
 
 def _float_layer_names(model, prefixes: Sequence[str]) -> list[str]:
-    """Names of the layers (nested models' included) that start with one of `prefixes`."""
-    names, stack = [], list(model.layers)
+    """Names of the layers (nested models' included) that start with one of `prefixes`.
+
+    A prefix that matches nothing is an error, not a silently full-integer model: the user asked for float.
+    """
+    every, stack = [], list(model.layers)
     while stack:
         layer = stack.pop()
         stack.extend(getattr(layer, "layers", []))
-        if layer.name.startswith(tuple(prefixes)):
-            names.append(layer.name)
-    return sorted(names)
+        every.append(layer.name)
+    unmatched = [prefix for prefix in prefixes if not any(name.startswith(prefix) for name in every)]
+    if unmatched:
+        raise ValueError(
+            f"float_layers {unmatched} match no layer of the trained model; its layers are named like "
+            f"{', '.join(sorted(every)[:6])}, …"
+        )
+    return sorted(name for name in every if name.startswith(tuple(prefixes)))
 
 
 def _quantize_except(converter, layer_names: Sequence[str]) -> bytes:
@@ -323,9 +330,13 @@ def _quantize_except(converter, layer_names: Sequence[str]) -> bytes:
     calibrated = converter.convert()
     # An op stays float when its output tensor is denylisted.
     tensor_names = [detail["name"] for detail in Interpreter(model_content=calibrated).get_tensor_details()]
-    # A fused op's tensor name lists every fused layer's op ("…/stem_relu_1/Relu6;…/stem_conv_1/convolution"):
-    # naming any of them keeps the op float.
-    denylist = [name for name in tensor_names if any(_layer_of(part) in layer_names for part in name.split(";"))]
+    # A fused op's tensor name lists every fused layer's op ("…/stem_relu_1/Relu6;…/stem_bn_1/batchnorm/add_1;
+    # …/stem_conv_1/convolution"), each under its models' and its layer's scopes: naming any of them keeps the
+    # op float.
+    wanted = set(layer_names)
+    denylist = [name for name in tensor_names if wanted & _scopes(name)]
+    if not denylist:
+        raise ValueError(f"float_layers matched the layers {sorted(wanted)}, but none of them computes an op of the edge model")
     return tflite_convert.mlir_quantize(
         calibrated,
         disable_per_channel=converter._experimental_disable_per_channel,
@@ -333,6 +344,14 @@ def _quantize_except(converter, layer_names: Sequence[str]) -> bytes:
         output_data_type=tf.float32,
         denylisted_nodes=denylist,
     )
+
+
+def _scopes(tensor_name: str) -> set[str]:
+    """The scopes of a (fused) TFLite tensor name, Keras's trace numbering removed: the layers and models it is in.
+
+    The last name of each op is the TensorFlow op itself ("add_1", "Relu6"), never a layer, so it is left out.
+    """
+    return {re.sub(r"_\d+$", "", scope) for part in tensor_name.split(";") for scope in part.split("/")[:-1]}
 
 
 def _layer_of(tensor_name: str) -> str:

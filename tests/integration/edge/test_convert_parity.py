@@ -202,12 +202,18 @@ def _stem_classifier():
     keras.utils.set_random_seed(1)
     pixels = keras.Input((MODEL_SIZE, MODEL_SIZE, 1), name="pixels")
     x = keras.layers.Rescaling(1 / 128, offset=-127 / 128, name="rescale")(pixels)
-    x = keras.layers.Conv2D(8, 3, strides=2, padding="same", name="stem_conv")(x)
+    x = keras.layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False, name="stem_conv")(x)
+    batch_norm = keras.layers.BatchNormalization(name="stem_bn")
+    x = batch_norm(x)
+    # Trained statistics, as in a real stem: an identity batch normalisation folds away without a trace.
+    rng = np.random.default_rng(1)
+    batch_norm.set_weights([rng.uniform(0.5, 2.0, 8), rng.normal(0, 0.1, 8), rng.normal(0, 0.1, 8), rng.uniform(0.5, 2.0, 8)])
     x = keras.layers.ReLU(6.0, name="stem_relu")(x)
     x = keras.layers.DepthwiseConv2D(3, padding="same", name="block00_dw_conv")(x)
     x = keras.layers.ReLU(6.0, name="block00_dw_relu")(x)
     x = keras.layers.Conv2D(8, 1, name="block00_project_conv")(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dropout(0.2, name="dropout")(x)  # no op at inference
     return keras.Model(pixels, keras.layers.Dense(len(CLASS_NAMES), activation="softmax", name="probabilities")(x))
 
 
@@ -218,6 +224,7 @@ def _stem_classifier():
         (list(LITE0_FLOAT_STEM), ["stem_relu", "block00_dw_relu"]),  # Lite0's stem and first depthwise convolution
         (["block00_project"], ["block00_project_conv"]),
         (["stem_conv"], ["stem_relu"]),  # the conv is fused with its ReLU into one op: that op stays float
+        (["stem_bn"], ["stem_relu"]),  # so is the batch normalisation
     ],
 )
 def test_float_layers_stay_float_and_the_edge_contract_holds(train_raw_images, float_layers, expected):
@@ -239,8 +246,15 @@ def test_float_layers_stay_float_and_the_edge_contract_holds(train_raw_images, f
     assert sum(op["op_name"] in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in integer_ops) == 3 - len(expected)
 
 
-def test_layer_names_that_match_nothing_leave_the_model_full_integer(trained_classifier, train_raw_images):
-    # The fixture classifier has no stem_/block00_dw_ layers.
-    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, float_layers=list(LITE0_FLOAT_STEM))
-    tflite_model = convert_to_tflite(trained_classifier.model, config, train_raw_images)
-    assert describe_tflite(tflite_model, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1)).float_layers == []
+@pytest.mark.parametrize(
+    "float_layers, error",
+    [
+        (["stem_", "block07_"], r"float_layers \['block07_'\] match no layer of the trained model; its layers are named like"),
+        (["dropout"], r"matched the layers \['dropout'\], but none of them computes an op"),
+    ],
+)
+def test_float_layers_that_keep_nothing_in_float_are_refused(train_raw_images, float_layers, error):
+    # Asked for float and silently given full-integer, a user would measure the wrong model.
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, representative_samples=50, float_layers=float_layers)
+    with pytest.raises(ValueError, match=error):
+        convert_to_tflite(_stem_classifier(), config, train_raw_images)
