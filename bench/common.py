@@ -120,17 +120,22 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - started, value
 
 
-def interleaved(sides: dict[str, Callable[[], object]], repeats: int, *, log=print) -> dict[str, Timing]:
+def interleaved(
+    sides: dict[str, Callable[[], object]], repeats: int, *, log=print, self_timed: bool = False
+) -> dict[str, Timing]:
     """Run each side `repeats` times, alternating (A B A B ...), so load from neighbours hits both alike.
 
-    The order flips every round (A B, B A, ...) so neither side always runs on a warmer cache.
+    The order flips every round (A B, B A, ...) so neither side always runs on a warmer cache. With
+    `self_timed`, each side returns the seconds to count itself: only part of its work is the measurement.
     """
     samples: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for round_index in range(repeats):
         order = names if round_index % 2 == 0 else names[::-1]
         for name in order:
-            seconds, _ = timed(sides[name])
+            seconds, value = timed(sides[name])
+            if self_timed:
+                seconds = float(value)
             samples[name].append(seconds)
             log(f"  [{round_index + 1}/{repeats}] {name}: {seconds:.3f}s")
     return {name: Timing(values) for name, values in samples.items()}
