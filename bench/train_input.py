@@ -155,6 +155,7 @@ def run(report: Report, args) -> None:
     from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles, make_dataset, scan_features
     from dgx_assets.training.model import build_classifier
+    from dgx_assets.training.train import steps_per_epoch
 
     rows = args.rows or (120 if args.quick else 600)
     repeats = args.repeats
@@ -227,7 +228,7 @@ def run(report: Report, args) -> None:
     )
     warm, _ = timed(lambda: model.fit(baseline_dataset().take(4), epochs=1, verbose=0))
     report.figure("model_compile_and_first_steps_s", round(warm, 2))
-    steps = -(-train_rows // batch)  # one pass over the training split, the last batch partial
+    steps = steps_per_epoch(index, batch)
     fit = interleaved(
         {
             "project": lambda: second_epoch_seconds(model, project_dataset(), steps),

@@ -268,6 +268,7 @@ def convert_to_tflite(
     for image in (representative_images or [])[: config.representative_samples]:
         if tuple(np.shape(image)) != expected:
             raise ValueError(f"representative image shaped {np.shape(image)}, the edge input is {expected}")
+    float_layers = _float_layer_names(model, config.float_layers) if config.quantization == "int8" else []
 
     # The int8 path starts from a float input the converter turns into uint8; the others take uint8 as is.
     input_dtype = tf.float32 if config.quantization == "int8" else tf.uint8
@@ -286,8 +287,8 @@ def convert_to_tflite(
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
             converter.inference_input_type = tf.uint8
             converter.inference_output_type = tf.float32
-            if config.float_layers:
-                return _quantize_except(converter, _float_layer_names(model, config.float_layers))
+            if float_layers:
+                return _quantize_except(converter, float_layers)
         elif config.quantization == "float16":
             converter.target_spec.supported_types = [tf.float16]
         return converter.convert()
@@ -351,14 +352,19 @@ def _scopes(tensor_name: str) -> set[str]:
 
     The last name of each op is the TensorFlow op itself ("add_1", "Relu6"), never a layer, so it is left out.
     """
-    return {re.sub(r"_\d+$", "", scope) for part in tensor_name.split(";") for scope in part.split("/")[:-1]}
+    return {_untraced(scope) for part in tensor_name.split(";") for scope in part.split("/")[:-1]}
 
 
 def _layer_of(tensor_name: str) -> str:
     """The Keras layer a TFLite tensor comes from: "model/backbone/stem_relu_1/Relu6;…" -> "stem_relu"
-    (a fused op is named after its last layer first; Keras numbers a layer's scope each time it is traced)."""
+    (a fused op is named after its last layer first)."""
     scope = tensor_name.split(";")[0].rsplit("/", 2)
-    return re.sub(r"_\d+$", "", scope[-2]) if len(scope) > 1 else scope[0]
+    return _untraced(scope[-2]) if len(scope) > 1 else scope[0]
+
+
+def _untraced(scope: str) -> str:
+    """A scope without the number Keras appends each time it traces a layer: "stem_relu_1" -> "stem_relu"."""
+    return re.sub(r"_\d+$", "", scope)
 
 
 def describe_tflite(

@@ -384,7 +384,7 @@ def _run_worker(spec_path: str) -> None:
         train_data.repeat().with_options(options),
         validation_data=validation_data.with_options(options),
         class_weight=weights,
-        steps_per_epoch=train._steps_per_epoch(index, global_batch),
+        steps_per_epoch=train.steps_per_epoch(index, global_batch),
         epochs=config.epochs,
         initial_epoch=initial_epoch,
         callbacks=[checkpoint, early_stopping, train._learning_rate_schedule(config), recorder, counter, *job.extra_callbacks],

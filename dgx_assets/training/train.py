@@ -129,7 +129,7 @@ def train_classifier(
         # took 25-40 s at every epoch start on 2 cores, a third of the fine-tuning time (py-spy: the main
         # thread in the iterator's destructor).
         train_data.repeat(),
-        steps_per_epoch=_steps_per_epoch(index, global_batch),
+        steps_per_epoch=steps_per_epoch(index, global_batch),
         validation_data=validation_data,
         epochs=config.epochs,
         class_weight=class_weights,
@@ -179,7 +179,7 @@ def compiled_classifier(config: TrainConfig, index: FeatureIndex, strategy: Any,
     return model
 
 
-def _steps_per_epoch(index: FeatureIndex, global_batch: int) -> int:
+def steps_per_epoch(index: FeatureIndex, global_batch: int) -> int:
     """Batches in one pass over the training split, the last one partial."""
     return max(1, math.ceil(index.rows("train") / global_batch))
 
