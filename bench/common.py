@@ -3,10 +3,14 @@
 A benchmark script defines `run(report, args)` and ends with `sys.exit(main(NAME, run, __doc__))`.
 `run` measures the project's path and the plain baseline on the same inputs, checks that both gave the
 same result (raising `Mismatch` if not, so a fast wrong path cannot win), and records figures and goals
-on the `Report`. `main` then prints one line per goal:
+on the `Report`. `main` then prints one line per goal, the value with its interval over n rounds:
 
-    RESULT <name> <value> (goal >= <x>)
-    RESULT <name> <value> (goal <= <x>)
+    RESULT <name> <value> [<low>, <high>] n=<n> (goal >= <x>)
+    RESULT <name> <value> [<low>, <high>] n=<n> (goal <= <x>)
+
+`Report.ratio` takes the interval of a timing ratio from the paired rounds of `interleaved` (the lowest
+and highest round-by-round ratio); other results pass theirs, and a value measured once (a count, a peak)
+says so with n=1 and [value, value].
 
 and writes everything to `bench/results/<name>.json` (`<name>.quick.json` in quick mode, so a smoke run
 never overwrites the figures of a full one).
@@ -19,6 +23,7 @@ import datetime as dt
 import json
 import os
 import platform
+import random
 import shlex
 import statistics
 import sys
@@ -141,6 +146,14 @@ def interleaved(
     return {name: Timing(values) for name, values in samples.items()}
 
 
+def bootstrap_interval(statistic: Callable[..., float], *samples: list[float], resamples: int = 2000, level: float = 0.95):
+    """Percentile bootstrap of `statistic(*samples)`, each sample resampled with replacement on its own (fixed seed)."""
+    rng = random.Random(0)
+    values = sorted(statistic(*(rng.choices(sample, k=len(sample)) for sample in samples)) for _ in range(resamples))
+    cut = int(resamples * (1 - level) / 2)
+    return values[cut], values[-cut - 1]
+
+
 def ratio_spread(numerator: Timing, denominator: Timing) -> tuple[float, float]:
     """The lowest and highest ratio pairing round by round (same round = same machine load)."""
     ratios = [n / d for n, d in zip(numerator.samples, denominator.samples) if d]
@@ -225,17 +238,27 @@ class Result:
     op: str  # ">=" or "<="
     goal: float
     detail: str = ""
+    low: float | None = None  # the interval of the value over `rounds` measurements; [value, value] when n=1
+    high: float | None = None
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if self.op not in (">=", "<="):
             raise ValueError(f"goal operator must be '>=' or '<=', got {self.op!r}")
+        if (self.low is None) != (self.high is None):
+            raise ValueError("an interval needs both ends")
+        if self.low is None:
+            self.low = self.high = self.value
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {self.rounds}")
 
     @property
     def met(self) -> bool:
         return self.value >= self.goal if self.op == ">=" else self.value <= self.goal
 
     def line(self) -> str:
-        return f"RESULT {self.name} {format_number(self.value)} (goal {self.op} {format_number(self.goal)})"
+        interval = f"[{format_number(self.low)}, {format_number(self.high)}] n={self.rounds}"
+        return f"RESULT {self.name} {format_number(self.value)} {interval} (goal {self.op} {format_number(self.goal)})"
 
 
 def format_number(value: float) -> str:
@@ -256,10 +279,35 @@ class Report:
     def figure(self, key: str, value) -> None:
         self.figures[key] = value
 
-    def result(self, name: str, value: float, op: str, goal: float, detail: str = "") -> Result:
-        outcome = Result(name, float(value), op, float(goal), detail)
+    def result(
+        self,
+        name: str,
+        value: float,
+        op: str,
+        goal: float,
+        detail: str = "",
+        *,
+        interval: tuple[float, float] | None = None,
+        rounds: int = 1,
+    ) -> Result:
+        """A goal's value; `interval` (low, high) over `rounds` measurements, none for a value measured once."""
+        low, high = (float(interval[0]), float(interval[1])) if interval else (None, None)
+        outcome = Result(name, float(value), op, float(goal), detail, low, high, rounds)
         self.results.append(outcome)
         return outcome
+
+    def ratio(self, name: str, numerator: Timing, denominator: Timing, op: str, goal: float, detail: str = "") -> Result:
+        """median(numerator) / median(denominator), with the lowest and highest ratio of the paired rounds."""
+        rounds = sum(1 for d in denominator.samples[: len(numerator.samples)] if d)
+        return self.result(
+            name,
+            numerator.median / denominator.median,
+            op,
+            goal,
+            detail,
+            interval=ratio_spread(numerator, denominator),
+            rounds=rounds,
+        )
 
     def note(self, text: str) -> None:
         print(f"note: {text}")

@@ -18,8 +18,12 @@ lower, the conversion, size and latency are the same network's). `--lake DIR` me
 instead (e.g. the one `make demo` filled); `--images`/`--epochs` change the size.
 
 Goals: TFLite size <= 0.3 x the .keras file, CPU latency per image <= 0.5 x Keras's, and the edge_model
-parity gate: top-1 agreement >= 99 % and accuracy within one point of Keras's. Both sides run on the same test images
-(checked); latency is re-measured `repeats` times.
+parity gate's aggregate criteria: accuracy within one point of Keras's and at most 2 % negative flips (images
+Keras gets right and the edge model wrong). The format is the one the ladder ships (`quantization: auto`: int8,
+else float16, else float32); top-1 agreement is reported, not judged. Both sides run on the same test images
+(checked); latency is re-measured `repeats` times. Last, the edge runtime's peak memory over one request at its
+pixel budget (`edge-run --serve` in a process of its own, a 16-bit grey PNG, the costliest decode per budget
+pixel) against the memory limit the KubeEdge manifest gives the pod.
 """
 
 from __future__ import annotations
@@ -80,15 +84,29 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
     import pyarrow.parquet as pq
 
     from dgx_assets.ingest import images
+    from dgx_assets.lake import Lake, filesystem_for
     from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
-    from dgx_assets.training.features import compute_features
+    from dgx_assets.training.features import FEATURE_SCHEMA, compute_features
     from dgx_assets.training.train import train_classifier
 
     shutil.rmtree(root, ignore_errors=True)
-    raw_dir, features_dir = root / "raw_images" / "batch=bench", root / "image_features" / "batch=bench"
-    raw_dir.mkdir(parents=True)
-    features_dir.mkdir(parents=True)
+    tables = Lake(str(root)).tables
+
+    def commit(name: str, table: pa.Table) -> str:
+        """One batch `bench` of the table, committed as the assets commit theirs; returns its file's path."""
+        written = []
+
+        def write(folder: str) -> list[str]:
+            fs, path = filesystem_for(folder)
+            fs.create_dir(path, recursive=True)
+            pq.write_table(table, f"{path}/part-00000.parquet")
+            written.append(f"{path}/part-00000.parquet")
+            return [f"{folder}/part-00000.parquet"]
+
+        tables.write_and_commit(name, table.schema, write, "bench")
+        return written[0]
+
     rows = []
     for name, content, label in source_images(limit):
         verdict = images.inspect_image(content, name)
@@ -105,15 +123,13 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
             }
         )
     raw = pd.DataFrame(rows)
-    pq.write_table(
-        pa.Table.from_pandas(raw.drop(columns=["batch"], errors="ignore"), preserve_index=False), raw_dir / "part-00000.parquet"
-    )
+    commit("raw_images", pa.Table.from_pandas(raw, preserve_index=False))
     valid = raw[raw["status"] == images.VALID]
     seconds, features = timed(
         lambda: pd.concat([compute_features(valid.iloc[i : i + 64], FeatureConfig()) for i in range(0, len(valid), 64)])
     )
-    feature_file = features_dir / "part-00000.parquet"
-    pq.write_table(pa.Table.from_pandas(features.drop(columns=["batch"], errors="ignore"), preserve_index=False), feature_file)
+    # The table's own schema: a column that is null in every row (feature_error) has no type Iceberg can store.
+    feature_file = commit("image_features", pa.Table.from_pandas(features, schema=FEATURE_SCHEMA, preserve_index=False))
     print(f"  {len(valid)} valid images, features in {seconds:.0f}s")
 
     files = FeatureFiles(pafs.LocalFileSystem(), (str(feature_file),))
@@ -131,6 +147,7 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
         "registered_model_name": "bench",
         "model_version": None,
         "feature_files": [str(feature_file)],
+        "feature_snapshot_id": str(tables.snapshot("image_features").snapshot_id),
         "test_metrics": result.test.metrics,
     }
     (model_dir / "model_info.json").write_text(json.dumps(info, indent=2, default=float))
@@ -210,6 +227,39 @@ def like_for_like(model, edge_model: bytes, data, threads: int | None, count: in
     return out
 
 
+def request_peak_memory_mib(model_dir: Path) -> float:
+    """VmHWM of a fresh `edge-run --serve` after one 16-bit grey request at the default pixel budget."""
+    import io
+    import urllib.request
+
+    from PIL import Image
+
+    from dgx_assets.edge.runtime import DEFAULT_MAX_PIXELS
+
+    side = int((DEFAULT_MAX_PIXELS // 2) ** 0.5)  # 2 bytes a pixel
+    png = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 65535, (side, side), dtype=np.uint16)).save(png, format="PNG")
+    command = [sys.executable, "-m", "dgx_assets", "edge-run", "--model-dir", str(model_dir), "--serve", "--port", "0"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, text=True)
+    try:
+        url = server.stdout.readline().split(" on ", 1)[1].split()[0]  # "edge-run: serving DIR on http://HOST:PORT (...)"
+        with urllib.request.urlopen(urllib.request.Request(url + "/v1/classify", data=png.getvalue()), timeout=120) as reply:
+            check(reply.status == 200, "the request at the pixel budget must be classified")
+        with urllib.request.urlopen(url + "/healthz", timeout=30) as reply:
+            return json.loads(reply.read())["peak_rss_bytes"] / 2**20
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def report_request_peak_memory(report: Report, model_dir: Path) -> None:
+    from dgx_assets.edge.kubeedge import edge_deployment
+
+    [container] = edge_deployment("m", "1")["spec"]["template"]["spec"]["containers"]
+    pod_limit_mib = float(container["resources"]["limits"]["memory"].removesuffix("Mi"))
+    report.result("edge_request_peak_mib", request_peak_memory_mib(model_dir), "<=", pod_limit_mib)
+
+
 def run(report: Report, args) -> None:
     isolate_state(NAME)
     from dgx_assets.edge import parity
@@ -252,8 +302,8 @@ def run(report: Report, args) -> None:
     settings = EdgeModelConfig(
         num_threads=threads or None,
         max_test_images=0,
-        representative_samples=50 if args.quick else 200,
-        latency_images=30 if args.quick else 100,
+        representative_samples=20 if args.quick else 200,  # quick: a smoke run (.ci/run), not figures
+        latency_images=10 if args.quick else 100,
     )
     report.params.update(num_threads=threads or "runtime defaults", quantization=settings.quantization)
 
@@ -265,7 +315,8 @@ def run(report: Report, args) -> None:
         "TFLite and Keras must see the same test images",
     )
     print(
-        f"edge model built in {seconds:.0f}s: {first.images} test images, agreement {first.top1_agreement:.2%}, "
+        f"edge model ({result.ladder.shipped.format}) built in {seconds:.0f}s: {first.images} test images, "
+        f"agreement {first.top1_agreement:.2%}, negative flips {first.negative_flip_rate:.2%}, "
         f"Keras {first.keras_accuracy:.2%} / TFLite {first.tflite_accuracy:.2%}"
     )
 
@@ -288,7 +339,7 @@ def run(report: Report, args) -> None:
                 keras_inputs=result.data.test_features,
                 labels=result.data.test_labels,
                 keras_size_bytes=trained.size_bytes,
-                quantization=settings.quantization,
+                quantization=result.ladder.shipped.format,
                 latency_images=settings.latency_images,
                 num_threads=threads or None,
             )
@@ -314,9 +365,13 @@ def run(report: Report, args) -> None:
         f"Keras {keras_ms.median * 1000:.2f} ms, TFLite {tflite_ms.median * 1000:.2f} ms"
     )
     report.result("edge_size_ratio", first.size_ratio, "<=", 0.3)
-    report.result("edge_latency_ratio", latency_ratio, "<=", 0.5)
+    runs = [r.latency_ratio for r in reports]
+    report.result("edge_latency_ratio", latency_ratio, "<=", 0.5, interval=(min(runs), max(runs)), rounds=len(runs))
     report.result("edge_accuracy_difference_points", accuracy_points, "<=", 1.0)
-    report.result("edge_top1_agreement_pct", first.top1_agreement * 100, ">=", 99.0)
+    report.figure("edge_format", result.ladder.shipped.format)
+    report.figure("edge_top1_agreement_pct", round(first.top1_agreement * 100, 2))
+    report.result("edge_negative_flip_rate_pct", first.negative_flip_rate * 100, "<=", 2.0)
+    report_request_peak_memory(report, root / "edge_model")
 
 
 def add_arguments(cli) -> None:

@@ -155,17 +155,15 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
 
 def verify(count: int, out_dir: Path) -> dict:
     """What the saver wrote, read here and not in the measured process (so the check costs it no memory)."""
-    from dgx_assets.generation.assets import ASSET_KEY
-    from dgx_assets.generation.generate import summarize, written_dataset
+    from dgx_assets.generation.table import summarize, written_dataset
     from dgx_assets.lake import Lake
 
     lake = Lake(str(out_dir / "lake"))
-    final = lake.asset_uri(ASSET_KEY)
-    table = written_dataset(lake, final)
+    table = written_dataset(lake)
     summary = summarize(table)
-    png_dir = Path(lake.fs_path(f"{final}/png"))
+    sample = table.head(20, columns=["file_name", "content", "png_path"]).to_pylist()
+    png_dir = Path(lake.fs_path(sample[0]["png_path"])).parent  # the run's PNG folder
     files = sum(1 for _ in os.scandir(png_dir))
-    sample = table.head(20, columns=["file_name", "content"]).to_pylist()
     same = all((png_dir / row["file_name"]).read_bytes() == row["content"] for row in sample)
     return {"summary": summary, "png_files": files, "sample_same": same}
 
@@ -214,8 +212,8 @@ def run(report: Report, args) -> None:
     isolate_state(NAME)
     import shutil
 
-    from bench.quick_generator import cached_quick_generator
     from dgx_assets.generation import launcher
+    from tests.support.quick_generator import cached_quick_generator
 
     small, large = (500, 5_000) if args.quick else (10_000, 100_000)
     report.params.update(image_counts=[small, large], image_size=SIZE, servers=2, client_concurrency_per_task=CLIENT_CONCURRENCY)

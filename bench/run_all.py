@@ -26,8 +26,20 @@ from pathlib import Path
 from bench.common import REPO, RESULTS_DIR, prepare_environment
 
 # Cheapest first, so a smoke run shows trouble early; each runs alone (they would fight for the CPUs).
-BENCHMARKS = ("code_location", "train_input", "edge", "serving", "ingest", "features", "png_saver", "end_to_end", "scale_out")
-RESULT_LINE = re.compile(r"^RESULT (\S+) (\S+) \(goal (>=|<=) (\S+)\)$")
+BENCHMARKS = (
+    "code_location",
+    "train_input",
+    "edge",
+    "serving",
+    "ingest",
+    "features",
+    "png_saver",
+    "end_to_end",
+    "scale_out",
+    "model_cv",
+)
+# `RESULT <name> <value> [<low>, <high>] n=<rounds> (goal <op> <x>)`; the interval is optional to the reader.
+RESULT_LINE = re.compile(r"^RESULT (\S+) (\S+)(?: \[(\S+), (\S+)\] n=(\d+))? \(goal (>=|<=) (\S+)\)$")
 
 
 def parse_results(output: str) -> list[dict]:
@@ -35,12 +47,15 @@ def parse_results(output: str) -> list[dict]:
     for line in output.splitlines():
         match = RESULT_LINE.match(line.strip())
         if match:
-            name, value, op, goal = match.groups()
+            name, value, low, high, rounds, op, goal = match.groups()
             value, goal = float(value), float(goal)
             results.append(
                 {
                     "name": name,
                     "value": value,
+                    "low": float(low) if low else None,
+                    "high": float(high) if high else None,
+                    "rounds": int(rounds) if rounds else None,
                     "op": op,
                     "goal": goal,
                     "met": value >= goal if op == ">=" else value <= goal,
@@ -72,12 +87,15 @@ def run_one(name: str, quick: bool, results_dir: Path | None, timeout_s: float) 
         watchdog.cancel()
     seconds = time.perf_counter() - started
     timed_out = seconds >= timeout_s and code != 0
+    results = parse_results("".join(lines))
     status = "timed out" if timed_out else ("ok" if code == 0 else f"failed (exit {code})")
+    if status == "ok" and not results:
+        status = "no RESULT lines"  # a benchmark that measured nothing is broken, too
     return {
         "benchmark": name,
         "status": status,
         "seconds": round(seconds, 1),
-        "results": parse_results("".join(lines)),
+        "results": results,
         "command": " ".join(["python -m", f"bench.{name}"] + command[3:]),
     }
 

@@ -67,24 +67,21 @@ def _run_process(lake: str, keys: list[str]) -> float:
 
 
 def _rows(lake: str, keys: list[str]) -> list[tuple]:
-    import pyarrow.dataset as ds
+    from pyiceberg.expressions import EqualTo
 
     from dgx_assets.lake import Lake
 
     store = Lake(lake)
     rows = []
     for key in keys:
-        table = ds.dataset(store.data_files(store.asset_uri("raw_images", key)), filesystem=store.fs).to_table(
-            columns=["path", "sha256", "status", "split"]
-        )
+        table = store.tables.scan("raw_images", ["path", "sha256", "status", "split"], EqualTo("batch", key))
         paths = [path.split("/landing/", 1)[1] for path in table.column("path").to_pylist()]  # each side's own lake
         rows += sorted(zip(paths, *(table.column(c).to_pylist() for c in ("sha256", "status", "split"))))
     return rows
 
 
 def backfill(report: Report, args) -> None:
-    sys.path.insert(0, str(REPO / "tests"))
-    from imagefactory import write_batch
+    from tests.imagefactory import write_batch
 
     root = work_dir(NAME)
     landing = root / "landing"
@@ -109,21 +106,21 @@ def backfill(report: Report, args) -> None:
         "<=",
         0.5,
         f"{BATCHES} batches: {whole:.0f} s in one run vs {projected:.0f} s as {BATCHES} runs",
+        interval=(whole / (max(per_batch) * BATCHES), whole / (min(per_batch) * BATCHES)),
+        rounds=len(per_batch),
     )
 
 
 def distributed(report: Report, args) -> None:
-    import pyarrow.fs as pafs
-
-    sys.path.insert(0, str(REPO / "tests" / "training"))
     import keras
-    import training_data
+    import pyarrow.fs as pafs
     from pyspark.sql import SparkSession
 
     from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
     from dgx_assets.training.distributed import train_on_spark
     from dgx_assets.training.train import train_classifier
+    from tests.support import training_data
 
     root = work_dir(NAME) / "features"
     paths = training_data.write_feature_partitions(

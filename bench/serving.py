@@ -1,6 +1,6 @@
 """Serving fleet: the ERNIE client and serving processes, with the model time fixed by the benchmark's engine.
 
-Every serving process runs the real generator wrapped in `bench.serving_engines:fixed_latency` (plugged
+Every serving process runs the real generator wrapped in `tests.support.serving_engines:fixed_latency` (plugged
 in with `--engine`: each request keeps its inference thread at least that long; the product has no such
 option), so the figures measure the client and the server, not this CPU. The client is the one Spark executors use
 (`dgx_assets.generation.client.ErnieClient`, pooled keep-alive
@@ -43,8 +43,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.common import REPO, Report, Timing, check, isolate_state, main, work_dir
-from bench.serving_engines import fixed_latency_args
+from bench.common import REPO, Report, Timing, bootstrap_interval, check, isolate_state, main, work_dir
+from tests.support.serving_engines import fixed_latency_args
 
 NAME = "serving"
 PROMPT = "Electroluminescence image of a defective mono solar cell with a diagonal crack"
@@ -53,7 +53,7 @@ CONCURRENCY = 4
 
 BARE_PREDICTOR = r"""
 import base64, hashlib, json, sys, time
-from bench.serving_engines import FixedLatency
+from tests.support.serving_engines import FixedLatency
 from dgx_assets.serving.engine import GeneratorEngine
 args = json.loads(sys.argv[1])
 plain = GeneratorEngine(args["model_dir"], device="cpu")
@@ -155,8 +155,8 @@ def sequential_latencies(client, calls: int) -> list[float]:
 
 def run(report: Report, args) -> None:
     isolate_state(NAME)
-    from bench.quick_generator import cached_quick_generator
     from dgx_assets.generation import launcher
+    from tests.support.quick_generator import cached_quick_generator
 
     fixed_ms = args.fixed_latency_ms or (50.0 if args.quick else 100.0)
     burst_requests = 40 if args.quick else 300
@@ -245,6 +245,9 @@ def run(report: Report, args) -> None:
         served = sequential_latencies(make_client(urls[:1], concurrency=1), sequential_calls)
         bare_median, served_median = statistics.median(bare["latencies_s"]), statistics.median(served)
         overhead = served_median / bare_median - 1
+        overhead_interval = bootstrap_interval(
+            lambda s, b: statistics.median(s) / statistics.median(b) - 1, served, bare["latencies_s"]
+        )
         report.figure("bare_predictor_latency", Timing(bare["latencies_s"]).to_dict())
         report.figure("served_latency", Timing(served).to_dict())
         report.figure("overhead_ms", round((served_median - bare_median) * 1000, 2))
@@ -257,10 +260,10 @@ def run(report: Report, args) -> None:
     finally:
         launcher.stop_servers([*servers, hostile_target])
 
-    report.result("serving_two_over_one_instance", one.median / two.median, ">=", 1.9)
+    report.ratio("serving_two_over_one_instance", one, two, ">=", 1.9)
     report.result("serving_new_connections_pct", 100.0 * opened / time_wait_requests, "<=", 1.0)
     report.result("serving_time_wait_after_requests", len(left), "<=", 5)
-    report.result("serving_request_overhead", overhead, "<=", 0.10)
+    report.result("serving_request_overhead", overhead, "<=", 0.10, interval=overhead_interval, rounds=len(served))
     report.result("serving_idle_connections_rss_growth_mb", hostile["rss_growth_mb"], "<=", 100)
     report.result("serving_idle_connections_p99_ratio", hostile["p99_ratio"], "<=", 2.0)
     report.result("serving_slow_loris_closed_max_s", hostile["loris_closed_max_s"], "<=", hostile["header_timeout_s"] + 0.5)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 
 from dgx_assets import settings
@@ -13,7 +15,7 @@ def _seed_demo(args: argparse.Namespace) -> int:
     from dgx_assets.generation.prompts import write_demo_prompts
 
     landing = args.landing or settings.landing_uri()
-    counts = seed_landing(landing, batches=args.batches, limit=args.limit)
+    counts = seed_landing(landing, batches=args.batches, limit=args.limit, package_order=args.package_order)
     prompts = args.prompts or settings.prompts_uri()
     write_demo_prompts(prompts)
     print(f"landing zone {landing}: " + ", ".join(f"{batch} ({n} images)" for batch, n in sorted(counts.items())))
@@ -27,15 +29,45 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(limit=args.limit, batches=args.batches, verbose=args.verbose)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _docs_server(args: argparse.Namespace) -> int:
+    from urllib.parse import urlsplit
+
+    from dgx_assets.reporting.docs_server import serve
+
+    default = urlsplit(settings.docs_url())
+    host, port = args.host or default.hostname or "127.0.0.1", args.port or default.port or 3001
+    # Ctrl-C and SIGTERM stop it even when started in the background, where the shell hands it SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with serve(host, port) as server, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: closed, exit 0
+        print(f"The quality report and GE's data docs, read-only, on http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+        server.serve_forever()
+    return 0
+
+
+# What an edge-only install (`pip install '.[edge]'`) runs: their parser imports nothing but the edge side.
+EDGE_COMMANDS = ("edge-run", "edge-fetch", "edge-manifest")
+
+
+def build_parser(edge_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dgx-assets", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    if edge_only:
+        from dgx_assets.edge import commands as edge_commands
+
+        edge_commands.register(commands)
+        return parser
 
     seed = commands.add_parser("seed-demo", help="fill the landing zone from the ELPV package and write the demo prompts")
     seed.add_argument("--landing", help="landing zone URI (default: DGX_LANDING_URI or <lake>/landing)")
     seed.add_argument("--prompts", help="prompts file URI (default: DGX_PROMPTS_URI or <lake>/prompts/prompts.csv)")
     seed.add_argument("--batches", type=int, default=3, help="how many batch folders to spread the images over")
     seed.add_argument("--limit", type=int, help="only the first N images")
+    seed.add_argument(
+        "--package-order",
+        action="store_true",
+        help="batches in ELPV's file order (grouped by cell type: the report flags drift) instead of a stable random deal",
+    )
     seed.set_defaults(handler=_seed_demo)
 
     demo = commands.add_parser("demo", help="seed the landing zone if empty, then materialize every asset end to end")
@@ -48,17 +80,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_run_demo)
 
+    docs = commands.add_parser(
+        "docs-server", help="serve the quality report and GE's data docs over http, read-only (make dev starts it)"
+    )
+    docs.add_argument("--host", help="default: the host of DGX_DOCS_URL (127.0.0.1)")
+    docs.add_argument("--port", type=int, help="default: the port of DGX_DOCS_URL (3001)")
+    docs.set_defaults(handler=_docs_server)
+
     from dgx_assets.serving import commands as serving_commands
 
     serving_commands.register(commands)  # `serve` and `build-generator`; paddle is imported only when they run
     from dgx_assets.edge import commands as edge_commands
 
     edge_commands.register(commands)  # `edge-run`, `edge-fetch`, `edge-manifest`; LiteRT/MLflow load when they run
+    from dgx_assets import lake_commands
+
+    lake_commands.register(commands)  # `lake snapshots|export|maintain|migrate`: the Iceberg tables
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    try:
+        parser = build_parser(edge_only=command in EDGE_COMMANDS)
+    except ModuleNotFoundError as error:  # an edge-only install asked for more than the edge commands
+        if (error.name or "").startswith("dgx_assets"):
+            raise
+        print(
+            f"dgx-assets: {error} - this install has the edge runtime only ({', '.join(EDGE_COMMANDS)}); "
+            "the other commands need the core and serving extras (README.md, Install)",
+            file=sys.stderr,
+        )
+        return 2
+    args = parser.parse_args(argv)
     return int(args.handler(args) or 0)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import logging
 import os
 import posixpath
-import re
 import subprocess
 import sys
 import threading
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from dgx_assets.lake import filesystem_for
+from dgx_assets.progress import progress_of
 
 DEFECT_THRESHOLD = 0.5  # ELPV gives expert defect probabilities 0, 1/3, 2/3, 1
 
@@ -46,10 +47,16 @@ def elpv_records(limit: int | None = None) -> list[dict]:
     return records[:limit] if limit else records
 
 
-def seed_landing(landing_uri: str, batches: int = 3, limit: int | None = None) -> dict[str, int]:
-    """Copy ELPV images (their original PNG bytes) into `<landing>/<batch>/<label>/<type>_<name>`."""
+def seed_landing(landing_uri: str, batches: int = 3, limit: int | None = None, package_order: bool = False) -> dict[str, int]:
+    """Copy ELPV images (their original PNG bytes) into `<landing>/<batch>/<label>/<type>_<name>`.
+
+    The batches are a stable random deal, as a production line delivers a steady mix of cells. ELPV's own file
+    order groups cells by type and defect rate, so `package_order` batches differ for real: the report flags
+    their drift and label shift."""
     fs, root = filesystem_for(landing_uri)
     records = elpv_records(limit)
+    if not package_order:
+        records.sort(key=lambda record: hashlib.sha256(record["file"].name.encode()).hexdigest())
     counts: dict[str, int] = {}
     for index, record in enumerate(records):
         batch = f"elpv-{index * batches // len(records) + 1:02d}"
@@ -69,8 +76,8 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
 
     The console shows one line per step with its status and time, and a progress bar while a long step works;
     Dagster's full event log goes to a file under `<state>/logs/` (printed first), or to the console with
-    `verbose`. Exits non-zero when a step errors. A quality gate that holds a model back (a blocking check
-    failing) is the pipeline working as meant: it is reported, the quality report is still made, and the exit is 0.
+    `verbose`. Exits non-zero when a step errors. A gate holding a model back (champion_model held back, a blocking
+    check failed) is the pipeline working as meant: it is reported, the report is still made, and the exit is 0.
     """
     import dagster as dg
 
@@ -95,15 +102,7 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     generator = _build_generator_in_background(defs.resources["ernie"])
     instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the repository's dagster.yaml, so the UI shows these runs
     instance.add_dynamic_partitions(image_batches.name, ready)
-    graph = defs.resolve_asset_graph()
-    # Assets tagged dgx/optional (hyperparameter_search: an extra, and long) are materialized by hand, not here.
-    keys = [
-        key
-        for key in graph.get_all_asset_keys()
-        if graph.get(key).is_materializable and graph.get(key).tags.get("dgx/optional") != "true"
-    ]
-    per_batch = [key for key in keys if graph.get(key).partitions_def is not None]
-    whole = [key for key in keys if graph.get(key).partitions_def is None]
+    per_batch, whole = demo_selection(defs)
     job = defs.resolve_implicit_global_asset_job_def()
 
     outcome = _DemoOutcome()
@@ -132,7 +131,7 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         f"\nTook {outcome.seconds():.0f} s in {len(outcome.steps)} steps; the slowest: "
         + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.slowest(3))
     )
-    print(f"Lake (Parquet tables, models, report): {lake}")
+    print(f"Lake (Iceberg tables: dgx-assets lake snapshots; models, report): {lake}")
     print(f"Quality report: {lake}/quality_report/report.html")
     verdict = instance.get_latest_materialization_event(report_key)
     if verdict is not None:
@@ -146,6 +145,21 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         print("FAILED: " + "; ".join(outcome.errors) + f" -- the reason is in {log_path} and in the Dagster UI (make dev)")
         return 1
     return 0
+
+
+def demo_selection(defs) -> tuple[list, list]:
+    """The asset keys `make demo` materializes: those of one batch (run per batch), then the whole-dataset ones.
+
+    Assets tagged dgx/optional (hyperparameter_search: an extra, and long) are materialized by hand, not here;
+    an asset that depends on one (trained_model) runs without it."""
+    graph = defs.resolve_asset_graph()
+    keys = [
+        key
+        for key in graph.get_all_asset_keys()
+        if graph.get(key).is_materializable and graph.get(key).tags.get("dgx/optional") != "true"
+    ]
+    per_batch = [key for key in keys if graph.get(key).partitions_def is not None]
+    return per_batch, [key for key in keys if graph.get(key).partitions_def is None]
 
 
 def _build_generator_in_background(ernie) -> threading.Thread | None:
@@ -203,11 +217,12 @@ def execute_for_cli(job, instance, progress: DemoProgress | None = None, log_fil
     A blocking check holding a run back is told by the check's description (its what-to-fix text) instead of
     a stack trace: for a CLI user that is the pipeline working, not a crash."""
     import dagster as dg
-    from dagster._loggers import colored_console_logger
 
-    @dg.logger(config_schema=colored_console_logger.config_schema, description=colored_console_logger.description)
+    colored = dg.colored_console_logger
+
+    @dg.logger(config_schema=colored.config_schema, description=colored.description)
     def console(init_context) -> logging.Logger:
-        inner = colored_console_logger.logger_fn(init_context) if progress is None else None
+        inner = colored.logger_fn(init_context) if progress is None else None
         return _GateConsole(inner, progress, log_file)
 
     # Only loggers named in the run config are used; DEBUG is what Dagster's default console shows.
@@ -225,6 +240,10 @@ class _GateConsole(logging.Logger):
 
     # failed blocking check -> its description, per run (the run's failure is logged by another logger instance)
     fixes: ClassVar[dict[str, dict[str, str]]] = {}
+    # step -> why its asset was held back (champion_model's decision), per run, until the step ends
+    decisions: ClassVar[dict[str, dict[str, str]]] = {}
+    # step -> what a failed warning check found, per run, until the step ends
+    warnings: ClassVar[dict[str, dict[str, str]]] = {}
 
     def __init__(self, inner: logging.Logger | None, progress: DemoProgress | None = None, log_file=None):
         super().__init__("dgx_demo", logging.DEBUG)
@@ -235,12 +254,22 @@ class _GateConsole(logging.Logger):
 
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
-        fixes = self.fixes.setdefault(meta.get("run_id") or "", {})
-        held = None
-        if event is not None and event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+        run = meta.get("run_id") or ""
+        fixes, decided, warning_checks = (per_run.setdefault(run, {}) for per_run in (self.fixes, self.decisions, self.warnings))
+        held = warned = None
+        if event is not None and event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            summary = _held_back(event.event_specific_data.materialization)
+            if summary:
+                decided[meta.get("step_key")] = summary
+        elif event is not None and event.event_type == dg.DagsterEventType.STEP_SUCCESS:
+            held = decided.pop(meta.get("step_key"), None)
+            warned = warning_checks.pop(meta.get("step_key"), None)
+        elif event is not None and event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
             evaluation = event.event_specific_data
             if not evaluation.passed and evaluation.blocking:
                 fixes[_check_name(evaluation)] = evaluation.description or "(the check gave no description)"
+            elif not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN:
+                warning_checks[meta.get("step_key")] = evaluation.description or "(the check gave no description)"
         elif (
             event is not None
             and getattr(getattr(event.event_specific_data, "error", None), "cls_name", None) == CHECK_FAILED_ERROR
@@ -249,21 +278,17 @@ class _GateConsole(logging.Logger):
             held = "; ".join(f"{name}: {fix}" for name, fix in fixes.items()) or "see the check's description"
             record.msg, record.args = record.msg.split("\n\n")[0] + f" A blocking check held it back. {held}", ()
         if event is not None and event.event_type in (dg.DagsterEventType.RUN_SUCCESS, dg.DagsterEventType.RUN_FAILURE):
-            self.fixes.pop(meta.get("run_id") or "", None)
+            for per_run in (self.fixes, self.decisions, self.warnings):
+                per_run.pop(run, None)
         if self._file is not None:
             self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {record.levelname} {record.getMessage()}\n")
             self._file.flush()
         if self._inner is not None:
             self._inner.handle(record)
         if self._progress is not None:
-            self._progress.event(meta.get("step_key"), event, record.getMessage(), held)
+            self._progress.event(meta.get("step_key"), event, record.getMessage(), held, progress_of(record), warned)
 
 
-# Messages the assets log while they work, turned into progress: Spark tasks, training epochs, the generator build.
-_SPARK_TASKS = re.compile(r"Spark: stage \d+ \([^)]*\): (\d+)/(\d+) tasks done")
-_EPOCH = re.compile(r"\bepoch (\d+): (.*)$")
-_GENERATOR_BUILD = "training one now"
-_GENERATOR_READY = "Launched local ERNIE-Image serving processes"
 _WORKING_BAR = "{desc}  working {elapsed}"
 _TASKS_BAR = "{desc} |{bar}| {n_fmt}/{total_fmt} Spark tasks [{elapsed}]"
 _EPOCHS_BAR = "{desc}  epoch {n_fmt} done [{elapsed}]  {postfix}"
@@ -285,7 +310,18 @@ class DemoProgress:
         self._close_bar()
         print(f"\n{text}", file=self.stream, flush=True)
 
-    def event(self, step: str | None, event, message: str, held: str | None = None) -> None:
+    def event(
+        self,
+        step: str | None,
+        event,
+        message: str,
+        held: str | None = None,
+        progress: dict | None = None,
+        warned: str | None = None,
+    ) -> None:
+        """One record of the run: a Dagster event (step started or ended) or, while a step works, the structured
+        progress the record carries (dgx_assets/progress.py); the text is shown, never parsed. `held`: why the
+        step's asset was held back; `warned`: what the step's failed warning check found."""
         import dagster as dg
 
         kind = event.event_type if event is not None else None
@@ -298,29 +334,34 @@ class DemoProgress:
         ):
             self._close_bar()
             seconds = time.monotonic() - self.started.pop(step, time.monotonic())
-            status = {dg.DagsterEventType.STEP_SUCCESS: "ok", dg.DagsterEventType.STEP_SKIPPED: "skipped"}.get(
-                kind, "held back" if held else "FAILED"
-            )
+            if held:
+                status = "held back"
+            elif warned and kind == dg.DagsterEventType.STEP_SUCCESS:
+                status = "warning"
+            else:
+                status = {dg.DagsterEventType.STEP_SUCCESS: "ok", dg.DagsterEventType.STEP_SKIPPED: "skipped"}.get(kind, "FAILED")
             self._line(f"  {step:<46} {status:<10} {seconds:7.1f} s")
             if held:
                 self._line(f"      what to fix: {held}")
+            elif status == "warning":
+                self._line(f"      {warned.splitlines()[0][:300]}")
             elif status == "FAILED":
                 self._line(f"      {message.splitlines()[0][:300]}")
-        elif kind is None and step and self._bar is not None:
-            self._advance(message)
+        elif progress is not None and step and self._bar is not None:
+            self._advance(progress)
 
-    def _advance(self, message: str) -> None:
-        if (tasks := _SPARK_TASKS.search(message)) is not None:
-            self._bar.unit, self._bar.total, self._bar.n = "tasks", int(tasks.group(2)), int(tasks.group(1))
+    def _advance(self, progress: dict) -> None:
+        kind = progress.get("kind")
+        if kind == "spark_tasks":
+            self._bar.unit, self._bar.total, self._bar.n = "tasks", int(progress["total"]), int(progress["done"])
             self._bar.bar_format = _TASKS_BAR
-        elif (epoch := _EPOCH.search(message)) is not None:
-            self._bar.unit, self._bar.total, self._bar.n = "epochs", None, int(epoch.group(1)) + 1
+        elif kind == "epoch":
+            self._bar.unit, self._bar.total, self._bar.n = "epochs", None, int(progress["epoch"])
             self._bar.bar_format = _EPOCHS_BAR
-            self._bar.set_postfix_str(epoch.group(2)[:70], refresh=False)
-        elif _GENERATOR_BUILD in message:
-            self._bar.set_description_str("building the local generator (minutes on a CPU)", refresh=False)
-        elif _GENERATOR_READY in message:
-            self._bar.set_description_str("generating images", refresh=False)
+            metrics = ", ".join(f"{name}={value:.4f}" for name, value in progress.get("metrics", {}).items())
+            self._bar.set_postfix_str(metrics[:70], refresh=False)
+        elif kind == "phase":
+            self._bar.set_description_str(str(progress["phase"]), refresh=False)
         else:
             return
         self._bar.refresh()
@@ -357,6 +398,13 @@ def _check_name(evaluation) -> str:
     return f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}"
 
 
+def _held_back(materialization) -> str | None:
+    """Why a materialization records a held-back decision (champion_model's), or None."""
+    from dgx_assets.edge.champion import held_back_summary
+
+    return held_back_summary({key: getattr(value, "value", value) for key, value in materialization.metadata.items()})
+
+
 class _DemoOutcome:
     """What the demo's runs did: time per step, errors, and blocking checks that stopped downstream work."""
 
@@ -382,6 +430,10 @@ class _DemoOutcome:
             for evaluation in result.get_asset_check_evaluations()
             if not evaluation.passed and evaluation.blocking and evaluation.severity == dg.AssetCheckSeverity.ERROR
         ]
+        for event in result.get_asset_materialization_events():
+            summary = _held_back(event.event_specific_data.materialization)
+            if summary:
+                self.gates.append(f"{what}: {event.asset_key.to_user_string()}: {summary}")
         for event in result.get_step_failure_events():
             error = event.step_failure_data.error
             if error is not None and error.cls_name == CHECK_FAILED_ERROR:

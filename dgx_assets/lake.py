@@ -1,44 +1,32 @@
-"""The lake: where assets write their tables, on a local disk, on HDFS or over WebHDFS.
+"""The lake: where assets write, on a local disk, on HDFS or over WebHDFS, and its tables' catalog.
 
-One `Lake` speaks URIs that both Spark (through Hadoop's filesystems) and pyarrow accept, so an asset can
-let Spark write a table and then inspect or commit it from the driver with the same string.
+One `Lake` speaks URIs that both Spark (through Hadoop's filesystems) and pyarrow accept. Its tables are
+Apache Iceberg tables (`Lake.tables`, dgx_assets/catalog.py): partitions are committed as Iceberg
+transactions, and readers take the files of a snapshot, never a folder listing.
 
-Partitioned tables use hive-style `batch=<key>` folders. A partition is written aside into a hidden
-staging folder (readers skip names starting with `.` or `_`) and then swapped in by rename, so readers
-never see a half-written partition. The swap is two renames (old aside, new in); a run killed between
-them leaves the old version in a hidden `.previous` folder, and the next commit or listing puts it back.
-
-A staging folder's name says who owns it: the process (pid and start time, so a reused pid is no owner)
-on which host. The next commit or listing beside it removes the staging folders whose owner is gone (a
-killed run), and this process' own once it has dropped or committed them (a failed run whose executors
-still wrote files after the driver deleted its staging). Another host's are removed only when older
-than STAGING_ORPHAN_AGE_S: from here nothing tells whether their run still lives.
+What is not a table (trained_model's and edge_model's folders, the search's recipe) stays a folder of files,
+written into a hidden sibling and swapped in by two renames (`commit`): a reader never sees half of it, and a
+run killed between the renames leaves the previous version aside, which the next swap puts back.
+`dgx-assets lake maintain` deletes the hidden siblings that killed runs left, once older than a few days.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 import posixpath
-import re
-import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-PARTITION_COLUMN = "batch"
-STAGING_ORPHAN_AGE_S = 2 * 24 * 3600  # another host's staging folder older than this is a leftover
+if TYPE_CHECKING:
+    from dgx_assets.catalog import LakeTables
 
-# `.staging-<what>-<token>-p<pid>s<process start>h<host hash>`
-_STAGING_NAME = re.compile(r"^\.staging-.*-(?P<token>[0-9a-f]{12})-p(?P<pid>\d+)s(?P<start>\d+)h(?P<host>[0-9a-f]{8})$")
-_LIVE_STAGING: set[str] = set()  # tokens of this process' staging folders, until committed or dropped
-_LIVE_LOCK = threading.Lock()
+PARTITION_COLUMN = "batch"  # the tables' partition column (the landing batch)
 
 
 def normalize_uri(location: str) -> str:
@@ -57,12 +45,21 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
         import fsspec
         from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-        fs = fsspec.filesystem(scheme, **_webhdfs_options(uri))
+        fs = fsspec.filesystem(scheme, **_authority_options(uri))
         return PyFileSystem(FSSpecHandler(fs)), urlparse(uri).path or "/"
+    if scheme in ("hdfs", "viewfs"):
+        # Made as pyiceberg's file IO makes it, so the tables and the lake open HDFS with the same client settings.
+        parsed = urlparse(uri)
+        return pafs.HadoopFileSystem.from_uri(f"{scheme}://{parsed.netloc}"), parsed.path or "/"
     return pafs.FileSystem.from_uri(uri)
 
 
-def _webhdfs_options(uri: str) -> dict:
+def path_of(uri: str) -> str:
+    """The path of `uri` inside its filesystem, without connecting to it (`filesystem_for` connects)."""
+    return urlparse(normalize_uri(uri)).path or "/"
+
+
+def _authority_options(uri: str) -> dict:
     parsed = urlparse(uri)
     options: dict = {"host": parsed.hostname}
     if parsed.port:
@@ -111,12 +108,27 @@ def has_hidden_part(relative: str) -> bool:
 @dataclass
 class Lake:
     root: str
+    catalog_uri: str | None = None  # None: DGX_CATALOG_URI, else a sqlite file beside a local lake
+    warehouse: str | None = None  # None: DGX_CATALOG_WAREHOUSE, else <root>/warehouse
     fs: pafs.FileSystem = field(init=False, repr=False)
     _root_path: str = field(init=False, repr=False)
+    _tables: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.root = normalize_uri(self.root)
         self.fs, self._root_path = filesystem_for(self.root)
+
+    @property
+    def tables(self) -> LakeTables:
+        """The lake's Iceberg tables (pyiceberg is imported here, by runs only)."""
+        if self._tables is None:
+            from dgx_assets import settings
+            from dgx_assets.catalog import LakeTables
+
+            self._tables = LakeTables(
+                self, self.catalog_uri or settings.catalog_uri(self.root), self.warehouse or settings.catalog_warehouse(self.root)
+            )
+        return self._tables
 
     # --- naming -------------------------------------------------------------------------------
     def uri(self, *parts: str) -> str:
@@ -142,22 +154,6 @@ class Lake:
             return self.uri(asset)
         return self.uri(asset, f"{PARTITION_COLUMN}={partition}")
 
-    def staging_uri(self, asset: str, partition: str | None = None) -> str:
-        """A hidden sibling of the folder `commit` will replace (inside it, the swap would move it away too),
-        named after its owner: see the module's docstring."""
-        token = uuid.uuid4().hex[:12]
-        with _LIVE_LOCK:
-            _LIVE_STAGING.add(token)
-        owner = f"{token}-p{os.getpid()}s{_process_start(os.getpid())}h{_host_tag()}"
-        if partition is None:
-            return self.uri(f".staging-{asset}-{owner}")
-        return self.uri(asset, f".staging-{PARTITION_COLUMN}={partition}-{owner}")
-
-    def drop_staging(self, staging_uri: str) -> None:
-        """Delete a staging folder this process gave up on; files written into it later are swept next time."""
-        _release(staging_uri)
-        self.delete(staging_uri)
-
     # --- files ----------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:
         return self.fs.get_file_info(self.fs_path(uri)).type != pafs.FileType.NotFound
@@ -180,31 +176,10 @@ class Lake:
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(path)
 
-    def data_files(self, uri: str, suffix: str = ".parquet", recursive: bool = True) -> list[str]:
-        """Visible data files under `uri` (hidden and `_`-prefixed names skipped, as Spark does), sorted.
-
-        `recursive=False` lists only the folder itself: for a table whose folder also holds many other
-        files in subfolders (ernie_generated_images' PNGs), listing those would cost memory per file.
-        """
-        return visible_files(self.fs, self.fs_path(uri), suffix, recursive)
-
-    def partitions(self, asset: str) -> list[str]:
-        """Partition keys that have a committed folder under `<root>/<asset>/`."""
-        base = self.fs_path(self.asset_uri(asset))
-        if self.fs.get_file_info(base).type != pafs.FileType.Directory:
-            return []
-        self._tidy(base)
-        prefix = f"{PARTITION_COLUMN}="
-        keys = [
-            posixpath.basename(info.path)[len(prefix) :]
-            for info in self.fs.get_file_info(pafs.FileSelector(base))
-            if info.type == pafs.FileType.Directory and posixpath.basename(info.path).startswith(prefix)
-        ]
-        return sorted(keys)
-
     # --- atomic replace ---------------------------------------------------------------------------
     def commit(self, staging_uri: str, final_uri: str) -> None:
-        """Make `staging_uri` visible as `final_uri`, replacing what was there."""
+        """Make the folder `staging_uri` (a hidden sibling of `final_uri`) visible as `final_uri`, replacing what
+        was there: for the outputs that are not tables."""
         staging, final = self.fs_path(staging_uri), self.fs_path(final_uri)
         parent = posixpath.dirname(final)
         self._tidy(parent)
@@ -213,21 +188,15 @@ class Lake:
         if replaced:
             self.fs.move(final, previous)
         self.fs.move(staging, final)
-        _release(staging_uri)
         if replaced:
             self.fs.delete_dir(previous)
 
     def _tidy(self, parent: str) -> None:
-        """Put back a previous version that a killed commit left aside, drop stale leftovers, and sweep the
-        staging folders of runs that are over."""
+        """Put back a previous version that a killed swap left aside, or drop it when the new one is in."""
         if self.fs.get_file_info(parent).type != pafs.FileType.Directory:
             return
         for info in self.fs.get_file_info(pafs.FileSelector(parent)):
             name = posixpath.basename(info.path)
-            if name.startswith(".staging-"):
-                if info.type == pafs.FileType.Directory and _staging_is_leftover(name, info.mtime_ns):
-                    self.fs.delete_dir(info.path)
-                continue
             if not (name.startswith(".") and ".previous-" in name):
                 continue
             final = posixpath.join(parent, name[1:].split(".previous-")[0])
@@ -236,45 +205,14 @@ class Lake:
             else:
                 self.fs.delete_dir(info.path)
 
-
-# --- staging owners -------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _host_tag() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _process_start(pid: int) -> int:
-    """The process' start time in clock ticks since boot (Linux), 0 where unknown: with the pid, it names one
-    process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _release(staging_uri: str) -> None:
-    match = _STAGING_NAME.match(posixpath.basename(staging_uri.rstrip("/")))
-    if match:
-        with _LIVE_LOCK:
-            _LIVE_STAGING.discard(match["token"])
-
-
-def _staging_is_leftover(name: str, mtime_ns: int | None) -> bool:
-    match = _STAGING_NAME.match(name)
-    if match is None or match["host"] != _host_tag():
-        # Unknown owner (another host, or a name from before owners were recorded): only age tells.
-        return mtime_ns is not None and time.time() - mtime_ns / 1e9 > STAGING_ORPHAN_AGE_S
-    pid, start = int(match["pid"]), int(match["start"])
-    if pid == os.getpid() and start == _process_start(pid):
-        with _LIVE_LOCK:
-            return match["token"] not in _LIVE_STAGING
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        pass
-    return start != 0 and _process_start(pid) != start  # the pid now names another process
+    def sweep_staging(self, older_than_s: float) -> list[str]:
+        """Delete the hidden `.staging-*` folders at the lake's top that killed runs left, once older than
+        `older_than_s` (a live run's is younger: it swaps its folder in within the run)."""
+        swept = []
+        for info in self.fs.get_file_info(pafs.FileSelector(self._root_path, allow_not_found=True)):
+            name = posixpath.basename(info.path)
+            old = info.mtime_ns is not None and time.time() - info.mtime_ns / 1e9 > older_than_s
+            if name.startswith(".staging-") and info.type == pafs.FileType.Directory and old:
+                self.fs.delete_dir(info.path)
+                swept.append(self.uri_of(info.path))
+        return swept

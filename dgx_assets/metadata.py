@@ -11,11 +11,45 @@ import dagster as dg
 COLUMN_SCHEMA = "dagster/column_schema"
 
 
-def number(value: float | None, places: int = 4) -> float | None:
-    """A float rounded for reading (0.12741354309629924 -> 0.1274); None for missing or non-finite values."""
+def number(value: float | None, digits: int = 4) -> float | None:
+    """A float rounded for reading to `digits` significant digits (0.8366834170854272 -> 0.8367, 1234.567 -> 1235);
+    None for missing or non-finite values."""
     if value is None or not math.isfinite(float(value)):
         return None
-    return round(float(value), places)
+    return float(f"{float(value):.{digits}g}")
+
+
+def human_size(size_bytes: int | None) -> str:
+    """A byte count as people read it: 1.234 MB (1,234,456 bytes)."""
+    if size_bytes is None:
+        return "n/a"
+    value, unit = float(size_bytes), "bytes"
+    for name in ("kB", "MB", "GB", "TB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, name
+    return f"{size_bytes:,} bytes" if unit == "bytes" else f"{value:.4g} {unit} ({size_bytes:,} bytes)"
+
+
+def gated(name: str, figure: float, threshold: float, bound: str = "max") -> dict[str, float | None]:
+    """A figure a check compares with a threshold, as two metadata entries side by side: `name` and `max_name`
+    (at most) or `min_name` (at least). The report and champion_model read them back with `thresholds`."""
+    if bound not in ("min", "max"):
+        raise ValueError(f"bound is min or max, not {bound!r}")
+    return {name: number(figure), f"{bound}_{name}": number(threshold)}
+
+
+def thresholds(metadata: Mapping[str, object]) -> list[tuple[str, float, str, float]]:
+    """(name, figure, bound, threshold) for every `name` beside a `min_name` or `max_name` in `metadata` (values,
+    or MetadataValues), in the metadata's order."""
+    values = {key: getattr(value, "value", value) for key, value in metadata.items()}
+    found = []
+    for name, figure in values.items():
+        for bound in ("min", "max"):
+            threshold = values.get(f"{bound}_{name}")
+            if isinstance(figure, (int, float)) and isinstance(threshold, (int, float)) and not isinstance(figure, bool):
+                found.append((name, float(figure), bound, float(threshold)))
+    return found
 
 
 def _cell(value) -> str:
@@ -52,3 +86,16 @@ def column_schema(arrow_schema, descriptions: Mapping[str, str]) -> dg.TableSche
             for field in arrow_schema
         ]
     )
+
+
+def table_snapshot(lake, table: str, snapshot_id: int) -> dict[str, dg.MetadataValue]:
+    """Which Iceberg table and snapshot a materialization committed: the lineage a reader can go back to.
+    The id is text: 64-bit snapshot ids lose digits as JavaScript numbers in the UI."""
+    from dgx_assets.catalog import NAMESPACE
+
+    location = lake.tables.table(table).location()
+    return {
+        "table": dg.MetadataValue.text(f"{NAMESPACE}.{table}"),
+        "snapshot_id": dg.MetadataValue.text(str(snapshot_id)),
+        "path": dg.MetadataValue.path(location),
+    }

@@ -14,17 +14,22 @@ if TYPE_CHECKING:
 
 
 class LakeResource(dg.ConfigurableResource):
-    """Where assets write (DGX_LAKE_ROOT), where images land (DGX_LANDING_URI), the prompts (DGX_PROMPTS_URI)."""
+    """Where assets write (DGX_LAKE_ROOT), where images land (DGX_LANDING_URI), the prompts (DGX_PROMPTS_URI), the
+    Iceberg catalog of the lake's tables (DGX_CATALOG_URI)."""
 
     root: Optional[str] = None
     landing: Optional[str] = None
     prompts: Optional[str] = None
+    catalog: Optional[str] = None  # None: DGX_CATALOG_URI, else a sqlite catalog beside a local lake
+    # Who writes the tables' Parquet files on the executors: "arrow" (pyarrow in a Python data source) or "spark"
+    # (Spark's own writer); BENCHMARKS.md, 1 has both measured.
+    table_writer: str = "arrow"
 
     @property
     def lake(self) -> Lake:
         from dgx_assets.lake import Lake  # pyarrow: loaded by runs, not by every sensor tick of the code location
 
-        return Lake(self.root or settings.lake_root())
+        return Lake(self.root or settings.lake_root(), catalog_uri=self.catalog)
 
     @property
     def landing_uri(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 DEPLOYMENTS = ("local", "standalone", "k8s")
 DEFAULT_RETRAIN_CRON = "0 2 * * *"  # nightly, 02:00
@@ -34,6 +35,24 @@ def landing_uri(lake: str | None = None) -> str:
 
 def prompts_uri(lake: str | None = None) -> str:
     return os.environ.get("DGX_PROMPTS_URI") or f"{(lake or lake_root()).rstrip('/')}/prompts/prompts.csv"
+
+
+def catalog_uri(lake: str | None = None) -> str:
+    """DGX_CATALOG_URI: the Iceberg catalog of the lake's tables. `sqlite:///...` or `postgresql+psycopg2://...` is a
+    SQL catalog, `http(s)://` a REST catalog, `thrift://` a Hive metastore. Default: a sqlite file beside a local
+    lake (under the state folder by default), or under the state folder when the lake is remote (hdfs://)."""
+    if value := os.environ.get("DGX_CATALOG_URI"):
+        return value
+    root = lake or lake_root()
+    if "://" not in root or root.startswith("file:"):
+        folder = Path(urlparse(root).path) if root.startswith("file:") else Path(root).expanduser().resolve()
+        return f"sqlite:///{folder / 'iceberg_catalog.db'}"
+    return f"sqlite:///{state_dir() / 'iceberg_catalog.db'}"
+
+
+def catalog_warehouse(lake: str | None = None) -> str:
+    """DGX_CATALOG_WAREHOUSE: where new tables' files go (file://, hdfs://); default `<lake>/warehouse`."""
+    return os.environ.get("DGX_CATALOG_WAREHOUSE") or f"{(lake or lake_root()).rstrip('/')}/warehouse"
 
 
 def deployment() -> str:
@@ -68,6 +87,12 @@ def mlflow_ui_url() -> str:
 def dagster_ui_url() -> str:
     """Where a browser opens the Dagster UI (DGX_DAGSTER_UI_URL); the default is what `make dev` serves."""
     return (os.environ.get("DGX_DAGSTER_UI_URL") or "http://127.0.0.1:3000").rstrip("/")
+
+
+def docs_url() -> str:
+    """Where a browser opens the quality report and GE's data docs (DGX_DOCS_URL): the read-only server `make dev`
+    starts (`dgx-assets docs-server`)."""
+    return (os.environ.get("DGX_DOCS_URL") or "http://127.0.0.1:3001").rstrip("/")
 
 
 def spark_event_log() -> str:

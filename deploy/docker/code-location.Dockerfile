@@ -28,14 +28,15 @@ WORKDIR /opt/dgx_assets
 RUN python3 -m venv .venv
 ENV VIRTUAL_ENV=/opt/dgx_assets/.venv \
     PATH=/opt/dgx_assets/.venv/bin:/opt/hadoop/bin:$PATH
-# Dependencies first, from pyproject.toml alone (this layer stays cached while only code changes),
-# with TensorFlow's CUDA libraries; then the package itself.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+# Dependencies first: the `core` extra from pyproject.toml at the versions constraints.txt pins (this layer
+# stays cached while only code changes), with TensorFlow's CUDA libraries; then the package itself.
+# No Paddle or serving stack: the serving process has its own image.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['core']))" \
         > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt "tensorflow[and-cuda]==2.21.0"
+    && pip install -c constraints.txt -r /tmp/requirements.txt "tensorflow[and-cuda]==2.21.0"
 COPY dgx_assets ./dgx_assets
-RUN pip install --no-deps .
+RUN pip install -c constraints.txt --no-deps .
 # Spark's conf dir: spark-defaults.conf for the driver, the GPU discovery script for executors.
 COPY deploy/spark ./deploy/spark
 

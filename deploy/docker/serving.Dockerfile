@@ -21,15 +21,16 @@ WORKDIR /opt/dgx_assets
 RUN python3 -m venv .venv
 ENV VIRTUAL_ENV=/opt/dgx_assets/.venv \
     PATH=/opt/dgx_assets/.venv/bin:$PATH
-# Dependencies first, from pyproject.toml alone (cached while only code changes). The CPU paddlepaddle
-# the package lists and paddlepaddle-gpu provide the same module: install the GPU one instead.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith('paddlepaddle')))" \
+# Dependencies first: the `serving` extra from pyproject.toml at the versions constraints.txt pins (cached
+# while only code changes); no TensorFlow, Spark or Dagster. The CPU paddlepaddle the extra lists and
+# paddlepaddle-gpu provide the same module: install the GPU one instead.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print('\n'.join(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['serving'] if not d.startswith('paddlepaddle')))" \
         > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" pip install "paddlepaddle-gpu==3.3.1"
+    && pip install -c constraints.txt -r /tmp/requirements.txt \
+    && PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL}" pip install -c constraints.txt "paddlepaddle-gpu==3.3.1"
 COPY dgx_assets ./dgx_assets
-RUN pip install --no-deps .
+RUN pip install -c constraints.txt --no-deps .
 
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin dgx
 USER 10001

@@ -3,36 +3,27 @@
 import dagster as dg
 from pydantic import Field
 
+from dgx_assets.challenger.config import ChallengerConfig, ChallengerConfigError
+from dgx_assets.metadata import number
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
 
 CHALLENGER_CODE_VERSION = "1"
 
 
-class ChallengerModelConfig(dg.Config):
+class ChallengerModelConfig(dg.Config, ChallengerConfig):
+    """ChallengerConfig's fields (challenger/config.py), plus what only the asset decides: the registry name."""
+
     registered_model_name: str = Field("dgx_defect_challenger", description="MLflow registered model of the challenger")
-    max_depth: int = Field(4, description="Tree depth")
-    n_estimators: int = Field(300, description="Most boosting rounds (early stopping on the validation split may end sooner)")
-    learning_rate: float = Field(0.1, description="Shrinkage per round")
-    subsample: float = Field(0.8, description="Rows sampled per tree")
-    colsample_bytree: float = Field(0.5, description="Embedding dimensions sampled per tree")
-    early_stopping_rounds: int = Field(20, description="Rounds without validation mlogloss improvement before stopping")
-    num_workers: int | None = Field(
-        None, description="XGBoost workers, one Spark task each; empty: the cluster's task slots (at most 8)"
-    )
-    device: str = Field("auto", description="auto: cuda when Spark gives tasks GPUs (the GPU hist method), else cpu")
-    seed: int = Field(42, description="XGBoost random_state")
 
-    def challenger_config(self):
-        from dgx_assets.challenger.xgb import ChallengerConfig
-
-        return ChallengerConfig(**self.model_dump(exclude={"registered_model_name"}))
+    def challenger_config(self) -> ChallengerConfig:
+        return ChallengerConfig(**self.model_dump(include=set(ChallengerConfig.model_fields)))
 
 
 # Trains gradient-boosted trees on every image_features batch's embeddings across the Spark executors; registers the challenger.
 @dg.asset(
     deps=[dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping())],
-    group_name="challenger",
+    group_name="model",
     kinds={"spark", "xgboost", "mlflow"},
     owners=["team:ml-platform"],
     code_version=CHALLENGER_CODE_VERSION,
@@ -55,17 +46,21 @@ def challenger_model(
         train_and_track_challenger,
         write_challenger_outputs,
     )
-    from dgx_assets.challenger.xgb import ChallengerConfigError
     from dgx_assets.spark.progress import spark_progress
     from dgx_assets.tracking.lineage import DagsterLineage
     from dgx_assets.tracking.store import TrackingConfigError
-    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
+    from dgx_assets.training.dataset import FeatureDataError, current_features
 
+    challenger = config.challenger_config()
+    try:  # a wrong setting is told before Spark or the data are touched
+        challenger.check()
+    except ChallengerConfigError as error:
+        raise dg.Failure(str(error)) from error
     store = lake.lake
-    partitions = store.partitions("image_features")
-    paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
-    if not paths:
-        raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
+    try:
+        files, partitions, features = current_features(store)
+    except FeatureDataError as error:
+        raise dg.Failure(str(error)) from error
     tracking = mlflow.tracking_config(config.registered_model_name)
     lineage = DagsterLineage(
         run_id=context.run_id,
@@ -79,10 +74,10 @@ def challenger_model(
         with spark_progress(session, context.log.info):
             tracked = train_and_track_challenger(
                 session,
-                FeatureFiles(store.fs, tuple(paths)),
-                [store.uri_of(p) for p in paths],
-                store.asset_uri("image_features"),
-                config.challenger_config(),
+                files,
+                list(features.uris),
+                store.tables.table("image_features").location(),
+                challenger,
                 tracking,
                 lineage,
                 log=context.log.info,
@@ -96,11 +91,11 @@ def challenger_model(
             **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
             "mlflow_run_id": tracked.run_id,
             "model_version": f"{tracked.model_name} v{tracked.model_version} (alias challenger)",
-            "test_accuracy": metrics["accuracy"],
+            "test_accuracy": number(metrics["accuracy"]),
             "test_accuracy_ci95": f"{metrics['accuracy_ci95_low']:.3f}..{metrics['accuracy_ci95_high']:.3f}",
-            "test_macro_f1": metrics["macro_f1"],
+            "test_macro_f1": number(metrics["macro_f1"]),
             "test_images": int(metrics["images"]),
-            "inference_ms_per_image": round(result.inference_ms_per_image, 4),
+            "inference_ms_per_image": number(result.inference_ms_per_image),
             "training_seconds": round(result.training_seconds, 1),
             "workers": f"{result.num_workers} on {result.device}",
             "best_iteration": result.best_iteration if result.best_iteration is not None else -1,

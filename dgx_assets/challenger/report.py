@@ -1,14 +1,14 @@
 """The quality report's "Champion and challenger" section: trained_model beside challenger_model.
 
 ``compare`` collects one row per model from what each wrote (model_info.json of both, edge_model's parity
-metadata for the Keras and TFLite latencies); ``render_html`` and ``render_markdown`` draw it. Both models
+metadata for the Keras and TFLite latencies); ``render_html`` (templates/challenger.html.j2) and
+``render_markdown`` draw it. Both models
 are scored on image_features' test split; the row says how many test images each saw, so a comparison on
 different data shows as such.
 """
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 
@@ -90,21 +90,11 @@ HEADERS = ["model", "registered version", "test accuracy", "95 % interval", "mac
 
 
 def render_html(comparison: dict[str, Any] | None) -> str:
-    parts = ["<h2 id='challenger'>Champion and challenger</h2>"]
-    if not comparison:
-        return parts[0] + "<p class='muted'>Neither trained_model nor challenger_model has been materialized.</p>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(row)) + "</tr>" for row in comparison["rows"])
-    parts.append(f"<table><tr>{head}</tr>{body}</table>")
-    parts.append(
-        "<p>Both on image_features' test split; the interval is the 95 % Wilson score interval, so two "
-        "models whose intervals overlap are not told apart by this test set.</p>"
-    )
-    if comparison["note"]:
-        parts.append(f"<p class='warn'>{html.escape(comparison['note'])}</p>")
-    for name in comparison["missing"]:
-        parts.append(f"<p class='muted'>{html.escape(name)} has not been materialized.</p>")
-    return "".join(parts)
+    """The section of the quality report (templates/challenger.html.j2)."""
+    from dgx_assets.templating import render
+
+    rows = [_cells(row) for row in comparison["rows"]] if comparison else []
+    return render("dgx_assets.challenger", "challenger.html.j2", comparison=comparison, headers=HEADERS, rows=rows)
 
 
 def render_markdown(comparison: dict[str, Any] | None) -> list[str]:

@@ -10,11 +10,8 @@ import json
 import math
 from typing import Any
 
-from dgx_assets.challenger.xgb import (
-    ChallengerConfig,
-    ChallengerResult,
-    train_challenger,
-)
+from dgx_assets.challenger.config import ChallengerConfig
+from dgx_assets.challenger.xgb import ChallengerResult, train_challenger
 from dgx_assets.lake import Lake
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
@@ -52,7 +49,7 @@ def train_and_track_challenger(
     lineage: DagsterLineage,
     log: Any = None,
 ) -> TrackedChallenger:
-    config.validate()
+    config.check()
     check_tracking_uri(tracking.tracking_uri)
     say = log or (lambda message: None)
     import mlflow
@@ -94,7 +91,7 @@ def train_and_track_challenger(
                 "partitions": list(lineage.partition_keys)[:200],
                 "sha256": digests[context],
             }
-            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri, digests[context], profile)
+            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", files, features_uri, digests[context], profile)
             mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
         mlflow.log_metrics(
             {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}

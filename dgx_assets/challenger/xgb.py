@@ -15,42 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from dgx_assets.challenger.config import ChallengerConfig
 from dgx_assets.training.dataset import (
     FeatureDataError,
     FeatureFiles,
     FeatureIndex,
     scan_features,
 )
-
-
-class ChallengerConfigError(ValueError):
-    """A challenger setting cannot work; the message names the setting."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ChallengerConfig:
-    max_depth: int = 4
-    n_estimators: int = 300
-    learning_rate: float = 0.1
-    subsample: float = 0.8
-    colsample_bytree: float = 0.5
-    early_stopping_rounds: int = 20  # on the validation split
-    num_workers: int | None = None  # XGBoost workers (Spark tasks); None: the cluster's task slots, at most 8
-    device: str = "auto"  # auto: cuda when Spark hands tasks GPUs, else cpu
-    latency_images: int = 100  # test images classified one by one on the driver to time inference
-    seed: int = 42
-
-    def validate(self) -> None:
-        for name in ("max_depth", "n_estimators", "early_stopping_rounds"):
-            if getattr(self, name) < 1:
-                raise ChallengerConfigError(f"{name} must be at least 1 (setting {name!r}), got {getattr(self, name)}")
-        for name in ("learning_rate", "subsample", "colsample_bytree"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ChallengerConfigError(f"{name} must be in (0, 1] (setting {name!r}), got {getattr(self, name)}")
-        if self.num_workers is not None and self.num_workers < 1:
-            raise ChallengerConfigError(f"num_workers must be at least 1 (setting 'num_workers'), got {self.num_workers}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ChallengerConfigError(f"device must be auto, cpu or cuda (setting 'device'), got {self.device!r}")
 
 
 @dataclasses.dataclass
@@ -122,7 +93,7 @@ def train_challenger(
 
     from dgx_assets.training.train import classification_report
 
-    config.validate()
+    config.check()
     say = log or (lambda message: None)
     index = scan_features(files)
     frame = embedding_frame(spark, uris, index)

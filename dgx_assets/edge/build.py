@@ -7,9 +7,10 @@ writes everything to `<lake>/edge_model/` atomically and logs it to trained_mode
 
 Layout of `<lake>/edge_model/`:
 
-    model.tflite        the edge model (uint8 [1, raw_height, raw_width, C] in, float32 probabilities out)
-    edge_model.json     the device contract (signature, shapes, raw size, class names) and provenance
-    parity.json         the parity figures the blocking check gates on
+    model.tflite        the edge model (uint8 [1, raw_height, raw_width, C] in, float32 probabilities out), the
+                        format the ladder shipped, its contract embedded as metadata (edge/tflite_metadata.py)
+    edge_model.json     the device contract (format, signature, shapes, raw size, class names, decision rule) and provenance
+    parity.json         the shipped format's parity figures the blocking check gates on, the gate, every format tried
     parity.png          probabilities Keras vs TFLite, latency distributions
     triton/<name>/...   Triton model repository (SavedModel of trained_model + config.pbtxt)
 """
@@ -25,14 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from dgx_assets.edge import convert, parity, triton
 from dgx_assets.edge.config import EdgeModelConfig
+from dgx_assets.edge.fetch import record_edge_model_digest
+from dgx_assets.edge.ladder import EdgeInputs, FormatTrial, LadderOutcome, run_ladder
 from dgx_assets.edge.runtime import CONTRACT_FILE, MLFLOW_ARTIFACT_DIR, MODEL_FILE  # what edge-run/edge-fetch read
+from dgx_assets.edge.tflite_metadata import embed_contract
 from dgx_assets.lake import Lake
+from dgx_assets.training.decision import Decision
 
 EDGE_ASSET = "edge_model"
+PARITY_FILE = "parity.json"
 TRAINED_ASSET = "trained_model"
 _INFO_KEYS = ("class_names", "input_shape", "mlflow_run_id", "registered_model_name", "model_version")
 
@@ -50,26 +55,28 @@ class TrainedModel:
     input_shape: tuple[int, int, int]  # height, width, channels
 
 
-@dataclass
-class EdgeData:
-    raw_size: tuple[int, int]
-    representative: list[np.ndarray]
-    test_raw: np.ndarray
-    test_features: np.ndarray
-    test_labels: np.ndarray
-    feature_source: str
+@dataclass(frozen=True)
+class EdgeData(EdgeInputs):
+    feature_source: str = ""
     skipped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class EdgeBuildResult:
     uri: str
-    spec: convert.EdgeModelSpec
-    report: parity.ParityReport
+    ladder: LadderOutcome
     data: EdgeData
     info: dict
     triton_config: str
     mlflow_run_id: str | None
+
+    @property
+    def spec(self) -> convert.EdgeModelSpec:
+        return self.ladder.shipped.spec
+
+    @property
+    def report(self) -> parity.ParityReport:
+        return self.ladder.shipped.report
 
 
 def load_trained_model(lake: Lake, workdir: Path) -> TrainedModel:
@@ -99,17 +106,20 @@ def _dataset(lake: Lake, files: list[str]):
 
 
 def _feature_files(lake: Lake, info: dict) -> tuple[list[str], str]:
-    """The image_features files trained_model used when they still exist, else today's partitions."""
-    recorded = info.get("feature_files") or []
-    paths = [lake.fs_path(p) if "://" in p else p for p in recorded]
-    if paths and all(lake.fs.get_file_info(p).type == pafs.FileType.File for p in paths):
-        return paths, "the image_features files trained_model used"
-    current = lake.data_files(lake.asset_uri("image_features"))
+    """The image_features snapshot trained_model used while it is kept, else today's table."""
+    recorded, paths = info.get("feature_snapshot_id"), []
+    try:
+        paths = list(lake.tables.snapshot("image_features", int(recorded)).paths) if recorded else []
+    except LookupError:  # expired by lake maintenance
+        pass
+    if paths:
+        return paths, f"the image_features snapshot trained_model used ({recorded})"
+    current = list(lake.tables.snapshot("image_features").paths)
     if not current:
         raise EdgeBuildError("image_features holds no Parquet files: materialize image_features first")
     note = "current image_features partitions"
-    if paths:
-        note += " (the files trained_model used were replaced since)"
+    if recorded:
+        note += " (the snapshot trained_model used was expired since)"
     return current, note
 
 
@@ -123,7 +133,7 @@ def most_common_size(widths: list, heights: list) -> tuple[int, int]:
 def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig) -> EdgeData:
     import pyarrow.dataset as pads
 
-    raw_files = lake.data_files(lake.asset_uri("raw_images"))
+    raw_files = list(lake.tables.snapshot("raw_images").paths)
     if not raw_files:
         raise EdgeBuildError("raw_images holds no Parquet files: the edge model is calibrated and tested on them")
     raw = _dataset(lake, raw_files)
@@ -189,16 +199,16 @@ def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig)
             f"no test image is in both raw_images and image_features ({dict(skipped)} skipped): "
             "materialize image_features for the ingested batches"
         )
-    if settings.quantization == "int8" and not representative:
+    if settings.quantization in (convert.AUTO, "int8") and not representative:
         raise EdgeBuildError(f"no valid {settings.representative_split!r} images in raw_images to calibrate int8 on")
     return EdgeData(
-        raw_size,
-        representative,
-        np.stack(test_raw),
-        np.stack(test_features),
-        np.asarray(test_labels),
-        feature_source,
-        dict(skipped),
+        raw_size=raw_size,
+        representative=representative,
+        test_raw=np.stack(test_raw),
+        test_features=np.stack(test_features),
+        test_labels=np.asarray(test_labels),
+        feature_source=feature_source,
+        skipped=dict(skipped),
     )
 
 
@@ -207,18 +217,38 @@ def _upload_tree(lake: Lake, local_dir: Path, target_uri: str) -> None:
         lake.write_bytes(posixpath.join(target_uri, path.relative_to(local_dir).as_posix()), path.read_bytes())
 
 
-def log_to_mlflow(tracking_uri: str, run_id: str, local_dir: Path, report: parity.ParityReport, uri: str) -> None:
-    """The .tflite, its contract and figures, and the parity figures, on trained_model's own run."""
+def log_to_mlflow(tracking_uri: str, run_id: str, local_dir: Path, ladder: LadderOutcome, uri: str) -> None:
+    """The .tflite, its contract and figures, and every format the ladder tried, on trained_model's own run."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    for name in (MODEL_FILE, CONTRACT_FILE, "parity.json", "parity.png"):
+    for name in (MODEL_FILE, CONTRACT_FILE, PARITY_FILE, "parity.png"):
         client.log_artifact(run_id, str(local_dir / name), artifact_path=MLFLOW_ARTIFACT_DIR)
-    for key, value in report.to_dict().items():
+    for key, value in ladder.shipped.report.to_dict().items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
             client.log_metric(run_id, f"edge_{key}", float(value))
+    for trial in ladder.trials:
+        for key in ("accuracy", "agreement", "negative_flip_rate", "size_ratio", "latency_ratio"):
+            value = trial.summary()[key]
+            if np.isfinite(value):
+                client.log_metric(run_id, f"edge_{trial.format}_{key}", float(value))
     client.set_tag(run_id, "dgx.edge_model.uri", uri)
-    client.set_tag(run_id, "dgx.edge_model.quantization", report.quantization)
+    client.set_tag(run_id, "dgx.edge_model.format", ladder.shipped.format)
+    client.set_tag(run_id, "dgx.edge_model.format_reason", ladder.reason[:5000])
+    client.set_tag(run_id, "dgx.edge_model.formats_tried", ",".join(trial.format for trial in ladder.trials))
+
+
+def edge_contract(shipped: FormatTrial, data: EdgeData, settings: EdgeModelConfig, info: dict, decision: Decision) -> dict:
+    """What a device needs to call the model (edge/convert.py), embedded in the .tflite and written beside it."""
+    return {
+        **shipped.spec.to_dict(),
+        "format": shipped.format,
+        "raw_height": data.raw_size[0],
+        "raw_width": data.raw_size[1],
+        "input_scale": settings.input_scale,
+        "decision": decision.to_dict(),
+        "trained_model": {key: info.get(key) for key in _INFO_KEYS},
+    }
 
 
 def build_edge_model(
@@ -228,79 +258,68 @@ def build_edge_model(
         workdir = Path(tmp)
         trained = load_trained_model(lake, workdir)
         data = load_edge_data(lake, trained, settings)
-        config = convert.EdgeConversionConfig(
-            **settings.model_dump(include=set(convert.ConversionSettings.model_fields)),
-            raw_height=data.raw_size[0],
-            raw_width=data.raw_size[1],
-        )
+        decision = Decision.from_dict(trained.info.get("decision"))
         log(
-            f"Converting trained_model {trained.input_shape} to {settings.quantization} TFLite, raw input "
+            f"Converting trained_model {trained.input_shape} to TFLite ({settings.quantization}), raw input "
             f"{data.raw_size[0]}x{data.raw_size[1]}, {len(data.representative)} calibration images"
         )
-        tflite_model = convert.convert_to_tflite(trained.model, config, data.representative)
-        spec = convert.describe_tflite(tflite_model, trained.class_names, config, trained.input_shape)
-        report, keras_predictions, edge_predictions = parity.measure_parity(
-            tflite_model,
+        ladder = run_ladder(
             trained.model,
-            raw_images=data.test_raw,
-            keras_inputs=data.test_features,
-            labels=data.test_labels,
             keras_size_bytes=trained.size_bytes,
-            quantization=settings.quantization,
+            class_names=trained.class_names,
+            inputs=data,
+            conversion=convert.ConversionSettings(**settings.model_dump(include=set(convert.ConversionSettings.model_fields))),
+            gate=parity.GateSettings(**settings.model_dump(include=set(parity.GateSettings.model_fields))),
+            decision=decision,
             latency_images=settings.latency_images,
             num_threads=settings.num_threads,
+            log=log,
         )
-        log(
-            f"Parity on {report.images} test images: agreement {report.top1_agreement:.2%}, "
-            f"accuracy {report.tflite_accuracy:.2%} (Keras {report.keras_accuracy:.2%})"
-        )
-
+        log(f"Shipping {ladder.reason}")
         out = workdir / "edge_model"
         out.mkdir()
-        (out / MODEL_FILE).write_bytes(tflite_model)
-        provenance = {key: trained.info.get(key) for key in _INFO_KEYS}
-        contract = {
-            **spec.to_dict(),
-            "raw_height": data.raw_size[0],
-            "raw_width": data.raw_size[1],
-            "input_scale": settings.input_scale,
-            "trained_model": provenance,
-        }
+        contract = edge_contract(ladder.shipped, data, settings, trained.info, decision)
+        (out / MODEL_FILE).write_bytes(embed_contract(ladder.shipped.tflite_model, contract))
         (out / CONTRACT_FILE).write_text(json.dumps(contract, indent=2))
-        (out / "parity.json").write_text(
-            json.dumps(
-                {
-                    "report": report.to_dict(),
-                    "trained_model": provenance,
-                    "trained_model_test_metrics": trained.info.get("test_metrics"),
-                    "feature_source": data.feature_source,
-                    "skipped": data.skipped,
-                },
-                indent=2,
-            )
-        )
-        (out / "parity.png").write_bytes(parity.parity_figure(keras_predictions, edge_predictions, trained.class_names))
+        (out / PARITY_FILE).write_text(json.dumps(parity_record(ladder, trained.info, data), indent=2))
+        (out / "parity.png").write_bytes(parity.parity_figure(ladder.keras, ladder.shipped.predictions, trained.class_names))
+        positive = trained.class_names[decision.positive_index] if decision.positive_index is not None else None
         export = triton.export_triton_repository(
             trained.model,
             out / "triton",
             settings.triton_model_name,
             class_names=trained.class_names,
             max_batch_size=settings.triton_max_batch_size,
+            decision=triton.ServingDecision(ladder.shipped.format, decision.threshold, positive),
         )
 
-        # A hidden sibling of <lake>/edge_model: Lake.staging_uri(asset) without a partition lies inside the
-        # asset folder, which commit() cannot swap in.
+        # A hidden sibling of <lake>/edge_model, swapped in by Lake.commit (lake maintenance sweeps a killed run's).
         staging, final = lake.uri(f".staging-{EDGE_ASSET}-{uuid.uuid4().hex[:12]}"), lake.asset_uri(EDGE_ASSET)
         _upload_tree(lake, out, staging)
         lake.commit(staging, final)
         run_id = trained.info.get("mlflow_run_id")
         if tracking_uri and run_id:
-            log_to_mlflow(tracking_uri, run_id, out, report, final)
-        return EdgeBuildResult(final, spec, report, data, trained.info, export.config_text, run_id if tracking_uri else None)
+            log_to_mlflow(tracking_uri, run_id, out, ladder, final)
+            name, version = trained.info.get("registered_model_name"), trained.info.get("model_version")
+            record_edge_model_digest(tracking_uri, run_id, out / MODEL_FILE, name, version)  # what edge-fetch verifies
+        return EdgeBuildResult(final, ladder, data, trained.info, export.config_text, run_id if tracking_uri else None)
+
+
+def parity_record(ladder: LadderOutcome, info: dict, data: EdgeData) -> dict:
+    """parity.json: the shipped format's figures (what the blocking check judges), the gate's settings, the ladder."""
+    return {
+        "report": ladder.shipped.report.to_dict(),
+        "gate": ladder.shipped.gate.to_dict(),
+        "ladder": ladder.summary(),
+        "trained_model": {key: info.get(key) for key in _INFO_KEYS},
+        "trained_model_test_metrics": info.get("test_metrics"),
+        "feature_source": data.feature_source,
+        "skipped": data.skipped,
+    }
 
 
 def read_parity(lake: Lake) -> dict:
-    uri = f"{lake.asset_uri(EDGE_ASSET)}/parity.json"
+    uri = f"{lake.asset_uri(EDGE_ASSET)}/{PARITY_FILE}"
     if not lake.exists(uri):
         raise EdgeBuildError(f"{uri} is missing: materialize edge_model first")
     return json.loads(lake.read_bytes(uri))

@@ -1,73 +1,104 @@
-"""champion_model: the registry promotion as an asset of its own.
+"""champion_model: the registry promotion as an asset of its own, and the record of every decision.
 
-Dagster's blocking checks gate it inside a run (a failed `trained_model` or `edge_model` check skips it). Run on
-its own later, it asks the instance the same question and fails closed: every blocking check of both assets
-must have passed on their latest materializations. Its materialization is the alias change; the decision and
-each gate are tagged on the model version and its training run (edge/promotion.py).
+It always runs after trained_model and edge_model and asks the instance whether the promotion checks passed on
+their latest materializations (fails closed). All passed: the version becomes `champion`. Otherwise it is held
+back: the champion stays, the version keeps `candidate`, and the materialization says so with the reason and the
+fix, as do the tags on the model version (edge/promotion.py). Held back is a decision, not an error: the run goes
+on, so the quality report of the same run explains it.
 """
 
 import dagster as dg
 
 from dgx_assets import links
-from dgx_assets.edge.assets import EDGE_OWNERS
-from dgx_assets.edge.promotion import Gate
+from dgx_assets.edge.assets import EDGE_OWNERS, edge_model
+from dgx_assets.edge.promotion import HELD_BACK, Criterion, Gate, PromotionOutcome
+from dgx_assets.metadata import table, thresholds
 from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.training.checks import beats_baseline_and_champion
 
-GATED_ASSETS = (dg.AssetKey("trained_model"), dg.AssetKey("edge_model"))
-
-
-def blocking_check_keys(
-    context: dg.AssetExecutionContext, asset_key: dg.AssetKey, materialization_run_id: str
-) -> list[dg.AssetCheckKey]:
-    """The asset's blocking checks: those of the run's asset graph, plus any blocking one evaluated in the run
-    that materialized it (a run of champion_model alone may hold fewer checks than the code location)."""
-    graph = context.job_def.asset_layer.asset_graph
-    keys = {key for key in graph.get_check_keys_for_assets({asset_key}) if graph.get_check_spec(key).blocking}
-    records = context.instance.get_records_for_run(
-        materialization_run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
-    ).records
-    for record in records:
-        evaluation = record.event_log_entry.asset_check_evaluation
-        if evaluation and evaluation.asset_key == asset_key and evaluation.blocking:
-            keys.add(evaluation.asset_check_key)
-    return sorted(keys, key=lambda key: key.name)
+# The checks a version must pass to become champion, known from their definitions: trained_model's (a Dagster
+# blocking check) and edge_model's parity (run in edge_model's own step).
+PROMOTION_CHECKS = tuple(sorted({*beats_baseline_and_champion.check_keys, *edge_model.check_keys}, key=str))
+FIX_THEN = "then materialize champion_model again (or Materialize all)"
 
 
-def blocking_checks_gate(context: dg.AssetExecutionContext, asset_key: dg.AssetKey) -> Gate:
-    """Did every blocking check of the asset pass on its latest materialization? (fails closed)"""
-    name = asset_key.to_user_string()
-    latest = context.instance.fetch_materializations(asset_key, limit=1).records
+def check_gate(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> Gate:
+    """Did the check pass on its asset's latest materialization? Anything else holds the promotion back."""
+    asset = key.asset_key.to_user_string()
+    name = f"{asset}.{key.name}"
+    latest = instance.fetch_materializations(key.asset_key, limit=1).records
     if not latest:
-        return Gate(name, False, f"{name} was never materialized")
-    check_keys = blocking_check_keys(context, asset_key, latest[0].run_id)
-    if not check_keys:
-        return Gate(name, False, f"{name} has no blocking check")
-    problems = []
-    for key in check_keys:
-        record = context.instance.get_latest_asset_check_evaluation_record(key)
-        evaluation = record.event.asset_check_evaluation if record and record.event else None
-        target = evaluation.target_materialization_data if evaluation else None
-        if evaluation is None:
-            problems.append(f"{key.name} has not run")
-        elif target is None or target.storage_id != latest[0].storage_id:
-            problems.append(f"{key.name} did not run on the latest {name}")
-        elif not evaluation.passed:
-            problems.append(f"{key.name} failed")
-    names = ", ".join(key.name for key in check_keys)
-    return Gate(name, not problems, "; ".join(problems) or f"{names} passed")
+        return Gate(name, False, f"{asset} was never materialized. To fix: materialize {asset}")
+    record = instance.get_latest_asset_check_evaluation_record(key)
+    evaluation = record.event.asset_check_evaluation if record and record.event else None
+    target = evaluation.target_materialization_data if evaluation else None
+    if evaluation is None:
+        return Gate(name, False, f"{key.name} has not run on {asset}. To fix: execute the check {key.name}")
+    if target is None or target.storage_id != latest[0].storage_id:
+        return Gate(name, False, f"{key.name} did not run on the latest {asset}. To fix: execute the check {key.name}")
+    # Each figure the check compared with a threshold (metadata `name` beside `max_name` or `min_name`).
+    criteria = tuple(Criterion(*found) for found in thresholds(evaluation.metadata or {}))
+    return Gate(name, bool(evaluation.passed), evaluation.description or ("passed" if evaluation.passed else "failed"), criteria)
 
 
-# Makes trained_model's registered version the `champion` once trained_model's and edge_model's blocking checks passed.
+def decision_metadata(outcome: PromotionOutcome, gates: list[Gate], version_url: str) -> dict:
+    """What champion_model's page shows: the decision first, then why, what to fix and each gate's figures."""
+    champion = f"v{outcome.champion}" if outcome.champion else "none"
+    if outcome.promoted:
+        before = f"v{outcome.previous_champion}" if outcome.previous_champion else "none"
+        summary = f"{outcome.model_name} v{outcome.version} is the {outcome.alias} (before: {before})"
+    else:
+        summary = f"{outcome.status}; the {outcome.alias} stays {champion}"
+    failed = [gate for gate in gates if not gate.passed]
+    rows = [
+        [gate.name, criterion.name, criterion.figure, criterion.threshold_text, "passed" if criterion.passed else "**failed**"]
+        for gate in gates
+        for criterion in gate.criteria
+    ]
+    return {
+        "decision": "promoted" if outcome.promoted else HELD_BACK,
+        "outcome": summary,
+        **(
+            {
+                "reason": dg.MetadataValue.md("\n\n".join(f"**{gate.name}** failed: {gate.detail}" for gate in failed)),
+                "to_fix": dg.MetadataValue.md(f"Make the failing gate pass as its reason says, {FIX_THEN}."),
+            }
+            if failed
+            else {}
+        ),
+        "model_version": f"{outcome.model_name} v{outcome.version}",
+        "champion": champion,
+        "gates": dg.MetadataValue.md("\n".join(f"- {gate.name}: {'passed' if gate.passed else 'failed'}" for gate in gates)),
+        **({"gate_criteria": table(["gate", "criterion", "figure", "threshold", "result"], rows)} if rows else {}),
+        "mlflow_model_version": dg.MetadataValue.url(version_url),
+    }
+
+
+def held_back_summary(metadata: dict) -> str | None:
+    """One line for a held-back decision (champion_model's metadata values): who, that it stays candidate, why and
+    what to fix, in Markdown. None for a promotion."""
+    if metadata.get("decision") != HELD_BACK:
+        return None
+    sentences = [
+        str(metadata.get("outcome", "")),
+        *str(metadata.get("reason", "")).split("\n\n"),
+        str(metadata.get("to_fix", "")),
+    ]
+    return " ".join(f"{sentence.rstrip('.')}." for sentence in sentences if sentence.strip())
+
+
+# Makes trained_model's version `champion` when every promotion check passed; otherwise records why it is held back.
 @dg.asset(
     deps=["trained_model", "edge_model"],
     group_name="edge",
     kinds={"mlflow"},
     owners=EDGE_OWNERS,
-    code_version="1",
+    code_version="2",  # 2: a held-back version is a materialization that says so, not a failure
     description=(
-        "The MLflow registry alias `champion` on the version of trained_model that edge_model was built from. "
-        "Runs only when the blocking checks of trained_model and edge_model passed on their latest "
-        "materializations; the decision and each gate are tagged on the model version and its training run."
+        "The decision on the version of trained_model that edge_model was built from: promoted to the MLflow alias "
+        "`champion` when trained_model's and edge_model's promotion checks passed on their latest materializations, "
+        "else **held back** (it stays `candidate`, the champion stays): the materialization's `decision`, `reason` "
+        "and `to_fix` say why, and the same is tagged on the model version and its training run."
     ),
 )
 def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
@@ -78,7 +109,7 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
         trained = read_parity(lake.lake)["trained_model"]  # the version edge_model converted and measured
     except EdgeBuildError as error:
         raise dg.Failure(description=str(error)) from error
-    gates = [blocking_checks_gate(context, key) for key in GATED_ASSETS]
+    gates = [check_gate(context.instance, key) for key in PROMOTION_CHECKS]
     try:
         outcome = promote_if_gates_pass(
             mlflow.resolved_tracking_uri,
@@ -90,23 +121,8 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
         )
     except ValueError as error:  # the registered version is gone
         raise dg.Failure(description=f"cannot promote: {error}. To fix: re-materialize trained_model and edge_model") from error
-    if not outcome.promoted:
-        raise dg.Failure(
-            description=(
-                "not promoted: " + "; ".join(outcome.reasons) + ". To fix: make the failing checks pass "
-                "(re-materialize the asset they check), then materialize champion_model"
-            ),
-            metadata={"model_version": f"{outcome.model_name} v{outcome.version}"},
-        )
-    context.log.info(f"{outcome.model_name} v{outcome.version} -> {outcome.alias}")
-    return dg.MaterializeResult(
-        metadata={
-            "model_version": f"{outcome.model_name} v{outcome.version}",
-            "alias": outcome.alias,
-            "previous_champion": str(outcome.previous_champion or "none"),
-            "gates": dg.MetadataValue.md("\n".join(f"- {gate.name}: {gate.detail}" for gate in gates)),
-            "mlflow_model_version": dg.MetadataValue.url(
-                links.mlflow_model_version(mlflow.resolved_ui_url, outcome.model_name, outcome.version)
-            ),
-        }
-    )
+    version_url = links.mlflow_model_version(mlflow.resolved_ui_url, outcome.model_name, outcome.version)
+    metadata = decision_metadata(outcome, gates, version_url)
+    (context.log.info if outcome.promoted else context.log.warning)(f"{metadata['decision']}: {metadata['outcome']}")
+    # The data version is the champion itself: a held-back decision leaves it, and what reads it, unchanged.
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(f"champion {outcome.champion or 'none'}"))

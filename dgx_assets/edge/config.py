@@ -1,4 +1,5 @@
-"""edge_model's settings: the conversion's own (declared once, in convert.py) plus what the build around it decides.
+"""edge_model's settings: the conversion's (declared once, in convert.py), the parity gate's (parity.py), plus what
+the build around it decides.
 
 The Dagster launchpad shows them all; the plain-Python build takes this object."""
 
@@ -8,9 +9,10 @@ import dagster as dg
 from pydantic import Field
 
 from dgx_assets.edge.convert import ConversionSettings
+from dgx_assets.edge.parity import GateSettings
 
 
-class EdgeModelConfig(dg.Config, ConversionSettings):
+class EdgeModelConfig(dg.Config, ConversionSettings, GateSettings):
     raw_height: Optional[int] = Field(None, description="Raw input height the device feeds; default: most common image size")
     raw_width: Optional[int] = Field(None, description="Raw input width the device feeds; default: most common image size")
     representative_split: str = Field("train", description="raw_images split the calibration images come from")

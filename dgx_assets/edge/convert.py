@@ -12,16 +12,15 @@ The edge contract (what an inspection station does, and all it does):
 
 Resizing to the network's input size and normalising happen inside the TFLite model, so a device never
 re-implements (and never gets wrong) the training preprocessing. The same contract holds for every
-quantisation variant: `int8` (integer, calibrated on a representative dataset; the default),
-`float16` and `dynamic` (dynamic-range: int8 weights, float activations). The int8 model is
-full-integer unless `float_layers` names layers to keep in float.
+format: `int8` (integer, calibrated on a representative dataset), `float16`, `float32` and `dynamic`
+(dynamic-range: int8 weights, float activations); edge/ladder.py picks one (`auto`, the default). The int8
+model is full-integer unless `float_layers` names layers to keep in float.
 
 TensorFlow is imported inside functions: the Dagster code location imports this module's callers cheaply.
 """
 
 from __future__ import annotations
 
-import io
 import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +30,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-QUANTIZATIONS = ("int8", "float16", "dynamic")
+# The device side (names, decoding) lives where the edge runtime imports it without TensorFlow or pydantic.
+from dgx_assets.edge.device import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY, decode_to_raw  # noqa: F401
+
+# What a conversion produces; `auto` (ConversionSettings only) is the format ladder of edge/ladder.py.
+QUANTIZATIONS = ("int8", "float16", "float32", "dynamic")
+AUTO = "auto"
 # bilinear_antialias is what image_features does (tf.image.resize(..., antialias=True)); TFLite has no such
 # kernel, so it runs as two FULLY_CONNECTED layers with constant weights, exact in float and int8-friendly.
 # The other two map to TFLite's own RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR (no antialiasing: cheaper,
@@ -44,11 +48,8 @@ RESIZE_METHODS = ("bilinear_antialias", "bilinear", "nearest")
 # depends on the model (on ELPV: 12 -> 5 disagreements with frozen batch normalisation, 19 -> 22 with it
 # fine-tuned at momentum 0.99), so the default stays full-integer and this is the suggestion to try.
 LITE0_FLOAT_STEM = ("stem_", "block00_dw_")
-SIGNATURE_KEY = "serving_default"
 # The ops that carry a network's arithmetic: in an int8 model, any of these on float input ran in float.
 _COMPUTE_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL")
-INPUT_NAME = "image"
-OUTPUT_NAME = "probabilities"
 
 
 class ConversionSettings(BaseModel):
@@ -56,7 +57,11 @@ class ConversionSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    quantization: str = Field("int8", description="int8 (full-integer, calibrated), float16 or dynamic (range)")
+    quantization: str = Field(
+        AUTO,
+        description="auto: int8 (full-integer, calibrated), else float16, else float32, the first that passes the parity "
+        "gate; or one format forced: int8 (for int8-only NPUs), float16, float32 or dynamic (int8 weights, float activations)",
+    )
     resize_method: str = Field("bilinear_antialias", description="bilinear_antialias (as image_features), bilinear or nearest")
     # 1.0 is right because trained_model rescales its 0..255 input itself; 1/255 here is the classic
     # "normalised twice" edge bug the parity gate catches.
@@ -69,24 +74,27 @@ class ConversionSettings(BaseModel):
     )
 
     def model_post_init(self, context: Any) -> None:
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+        if self.quantization not in (AUTO, *QUANTIZATIONS):
+            raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join((AUTO, *QUANTIZATIONS))}")
         if self.resize_method not in RESIZE_METHODS:
             raise ValueError(f"resize_method={self.resize_method!r} is not one of {', '.join(RESIZE_METHODS)}")
         if self.input_scale <= 0:
             raise ValueError(f"input_scale must be positive, got {self.input_scale}")
-        if self.quantization == "int8" and self.representative_samples <= 0:
+        if self.quantization in (AUTO, "int8") and self.representative_samples <= 0:
             raise ValueError("int8 quantisation needs representative_samples > 0")
 
 
 class EdgeConversionConfig(ConversionSettings):
-    """One conversion: the settings plus the raw size the device feeds."""
+    """One conversion: the settings, one concrete format, and the raw size the device feeds."""
 
+    quantization: str = Field("int8", description="The one format this conversion makes (not auto)")
     raw_height: int
     raw_width: int
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
+        if self.quantization == AUTO:
+            raise ValueError("a conversion makes one format: choose it from the ladder (edge/ladder.py) first")
         if self.raw_height <= 0 or self.raw_width <= 0:
             raise ValueError(f"raw size must be positive, got {self.raw_height}x{self.raw_width}")
 
@@ -118,26 +126,6 @@ def model_input_shape(model) -> tuple[int, int, int]:
     if len(shape) != 4 or any(dim is None for dim in shape[1:]):
         raise ValueError(f"trained model input must be [batch, height, width, channels], got {list(shape)}")
     return int(shape[1]), int(shape[2]), int(shape[3])
-
-
-def decode_to_raw(content: bytes, raw_height: int, raw_width: int, channels: int) -> np.ndarray:
-    """What the device does: decode an image file to uint8 [raw_height, raw_width, channels]."""
-    from PIL import Image
-
-    if channels not in (1, 3):
-        raise ValueError(f"edge models take 1 (grey) or 3 (RGB) channels, not {channels}")
-    with Image.open(io.BytesIO(content)) as image:
-        image.load()
-        if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-            # 16-bit sensors: scale to 8 bits as image_features does, rather than clipping above 255.
-            wide = np.asarray(image, dtype=np.float64)
-            full_scale = 65535.0 if image.mode.startswith("I;16") else max(1.0, float(wide.max()))
-            image = Image.fromarray(np.round(wide / full_scale * 255.0).astype(np.uint8), mode="L")
-        image = image.convert("L" if channels == 1 else "RGB")
-        if image.size != (raw_width, raw_height):
-            image = image.resize((raw_width, raw_height), Image.Resampling.BILINEAR)
-        pixels = np.asarray(image, dtype=np.uint8)
-    return pixels.reshape(raw_height, raw_width, channels)
 
 
 def resize_matrix(size_in: int, size_out: int) -> np.ndarray:
@@ -208,7 +196,7 @@ def _edge_function(model, config: EdgeConversionConfig, input_dtype):
     resize = (config.raw_height, config.raw_width) != (height, width)
     if resize and config.resize_method == "bilinear_antialias":
         rows, columns = resize_matrix(config.raw_height, height), resize_matrix(config.raw_width, width)
-        if config.quantization != "float16":  # int8 weights: the int8 and the dynamic-range model
+        if config.quantization in ("int8", "dynamic"):  # int8 weights
             rows, columns = snap_to_int8_grid(rows), snap_to_int8_grid(columns)
 
     def whole_grey_levels(pixels):
@@ -280,7 +268,7 @@ def convert_to_tflite(
         archive.add_endpoint(name=SIGNATURE_KEY, fn=edge)
         archive.write_out(export_dir, verbose=False)
         converter = tf.lite.TFLiteConverter.from_saved_model(export_dir, signature_keys=[SIGNATURE_KEY])
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.optimizations = [] if config.quantization == "float32" else [tf.lite.Optimize.DEFAULT]
         if config.quantization == "int8":
             samples = list(representative_images[: config.representative_samples])
             converter.representative_dataset = lambda: representative_dataset(samples, len(samples))

@@ -88,12 +88,39 @@ def _tensor_block(tensor: TensorSignature, max_batch_size: int, label_filename: 
     return "  {\n" + "\n".join(lines) + "\n  }"
 
 
+# Triton's TensorFlow backend runs TensorRT at FP32 or FP16 only: the shipped edge format maps to the nearest.
+TENSORRT_PRECISION = {"float32": "FP32", "float16": "FP16", "int8": "FP16", "dynamic": "FP16"}
+
+
+@dataclass(frozen=True)
+class ServingDecision:
+    """What the repository's clients must know beyond the tensors: the format the edge gate shipped, whose
+    precision TensorRT follows on GPU instances, and the decision threshold on P(positive class)."""
+
+    edge_format: str
+    threshold: float | None = None
+    positive_class: str | None = None
+
+    def blocks(self) -> list[str]:
+        parameters = {"edge_format": self.edge_format}
+        if self.threshold is not None and self.positive_class is not None:
+            parameters |= {"decision_threshold": f"{self.threshold:g}", "positive_class": self.positive_class}
+        lines = [f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in parameters.items()]
+        precision = TENSORRT_PRECISION[self.edge_format]
+        lines.append(
+            'optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
+            f'parameters {{ key: "precision_mode" value: "{precision}" }} }} ] }} }}'
+        )
+        return lines
+
+
 def triton_config(
     model_name: str,
     inputs: Sequence[TensorSignature],
     outputs: Sequence[TensorSignature],
     max_batch_size: int,
     label_filename: str | None = None,
+    decision: ServingDecision | None = None,
 ) -> str:
     """The text of config.pbtxt for a TensorFlow SavedModel with these signature tensors."""
     if max_batch_size < 0:
@@ -111,6 +138,8 @@ def triton_config(
     ]
     if max_batch_size > 0:
         text.append("dynamic_batching { }")  # let Triton gather single requests into batches
+    if decision:
+        text += decision.blocks()
     return "\n".join(text) + "\n"
 
 
@@ -122,6 +151,7 @@ def export_triton_repository(
     class_names: Sequence[str] = (),
     max_batch_size: int = 8,
     version: int = 1,
+    decision: ServingDecision | None = None,
 ) -> TritonExport:
     """Write `model` (a Keras model) as `<repository>/<model_name>/<version>/model.savedmodel` plus its config."""
     if not model_name or "/" in model_name:
@@ -140,6 +170,6 @@ def export_triton_repository(
     if class_names:
         label_filename = "labels.txt"
         (model_dir / label_filename).write_text("".join(f"{name}\n" for name in class_names))
-    config_text = triton_config(model_name, inputs, outputs, max_batch_size, label_filename)
+    config_text = triton_config(model_name, inputs, outputs, max_batch_size, label_filename, decision)
     (model_dir / "config.pbtxt").write_text(config_text)
     return TritonExport(Path(repository), model_dir, config_text, inputs, outputs)

@@ -13,23 +13,33 @@ from dgx_assets import metadata as ui
 from dgx_assets.generation import generate, table
 from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.resources import LakeResource
-from dgx_assets.spark.parquet import image_table_options
 from dgx_assets.spark.progress import spark_progress
 from dgx_assets.spark.resource import SparkResource
 
 ASSET_KEY = "ernie_generated_images"
 ASSET_OWNERS = ["team:generative-inspection"]
 PREVIEW_COLUMNS = ["id", "status", "truncated", "attempts", "endpoint", "latency_s", "file_name", "error"]
-# What the main columns mean, for the column schema the UI shows (others are listed with their type only).
+# What each column means, for the column schema the UI shows.
 COLUMN_DESCRIPTIONS = {
     "id": "the prompt's id (row-<hash of its request> when the prompts table gives none)",
-    "prompt": "the text sent to ERNIE-Image",
+    "prompt": "the text of the prompts table's row",
     "label": "the class the image is meant to show",
+    "width": "pixels asked for (the row's, else default_width)",
+    "height": "pixels asked for (the row's, else default_height)",
+    "seed": "the generator's seed for this prompt",
+    "used_prompt": "the prompt the server says it generated from (revised or cut short), else the prompt itself",
+    "truncated": "true when the server cut the prompt to what its model accepts",
+    "content": "the PNG bytes (valid rows)",
+    "file_name": "the PNG under png/",
+    "png_path": "the PNG's full URI",
     "status": "valid, corrupted, decode_error, failed, bad_reply, rejected or invalid_prompt",
     "error": "why, when status is not valid",
     "endpoint": "the serving endpoint that answered",
-    "file_name": "the PNG under png/",
-    "content": "the PNG bytes (valid rows)",
+    "latency_s": "seconds the answering request took",
+    "attempts": "generations tried for this prompt (a bad image is regenerated up to max_attempts)",
+    "http_tries": "HTTP requests sent for this prompt, retries included",
+    "request_key": "hash of what decides the image (id, prompt, size, seed): a changed request is generated again",
+    "generated_at": "when the image was made (UTC)",
 }
 
 
@@ -68,7 +78,7 @@ def ernie_generated_images(
     session = spark.spark_session
     store = lake.lake
     prompts_uri = config.prompts_uri or lake.prompts_uri
-    final, staging = store.asset_uri(ASSET_KEY), store.staging_uri(ASSET_KEY)
+    png_folder = table.png_folder(store)
     try:
         prompts = read_prompts(session, prompts_uri)
         prompt_count = prompts.count()
@@ -83,8 +93,8 @@ def ernie_generated_images(
         raise dg.Failure(f"The prompts table {prompts_uri} has no rows.")
 
     previous = None
-    if not config.redo_all and table.table_files(store, final):
-        previous = generate.spark_table(session, store, final)
+    if not config.redo_all and store.tables.snapshot(ASSET_KEY).uris:
+        previous = store.tables.spark_frame(session, ASSET_KEY)
 
     todo, kept = generate.split_work(prompts, previous)
     pending = todo.count()
@@ -98,25 +108,16 @@ def ernie_generated_images(
         job = generate.GenerationJob(
             ernie.client_settings(urls) if urls else None,
             lake_root=store.root,
-            png_uri=f"{staging}/png",
-            png_final_uri=f"{final}/png",
+            png_uri=png_folder,
             max_attempts=config.max_attempts,
             default_width=config.default_width,
             default_height=config.default_height,
             tasks=ernie.task_count(urls),
         )
         frame = generate.generated_frame(todo if pending else None, kept, job)
-        try:
-            with spark_progress(session, context.log.info):
-                frame.write.mode("overwrite").options(**image_table_options("content")).parquet(staging)
-        except BaseException:
-            # Nothing half-written stays behind; the previous version is untouched. PNGs that executors still
-            # write after this are swept by the next commit (the staging folder is no longer this run's).
-            store.drop_staging(staging)
-            raise
+        snapshot_id = _commit(context, frame, lake, png_folder)
 
-    store.commit(staging, final)
-    written = table.written_dataset(store, final)
+    written = table.written_dataset(store, snapshot_id)
     summary = table.summarize(written)
     reused = prompt_count - pending
     metadata = {
@@ -131,8 +132,8 @@ def ernie_generated_images(
         "protocol": ernie.protocol,
         "endpoints": ", ".join(urls) if urls else "none needed: every image was kept",
         "prompts_uri": dg.MetadataValue.path(prompts_uri),
-        "path": dg.MetadataValue.path(final),
-        "png_folder": dg.MetadataValue.path(f"{final}/png"),
+        **ui.table_snapshot(store, ASSET_KEY, snapshot_id),
+        "png_folder": dg.MetadataValue.path(png_folder),
         "preview": dg.MetadataValue.md(written.head(10, columns=PREVIEW_COLUMNS).to_pandas().to_markdown(index=False)),
     }
     context.log.info(f"ernie_generated_images: {summary['status_counts']} ({reused} reused)")
@@ -151,8 +152,29 @@ def ernie_generated_images(
                 f"No image could be generated for any of the {summary['prompts']} prompts "
                 f"(statuses {summary['status_counts']}). First errors: {' | '.join(errors)}. "
                 "Check that the ERNIE-Image endpoints (DGX_ERNIE_ENDPOINTS) are up and answer /status; "
-                f"every prompt's row with its reason is in {final}."
+                f"every prompt's row with its reason is in the table {ASSET_KEY} (snapshot {snapshot_id})."
             ),
             metadata=metadata,
         )
     return dg.MaterializeResult(metadata=metadata)
+
+
+def _commit(context: dg.AssetExecutionContext, frame, lake: LakeResource, png_folder: str) -> int:
+    """Write the table's files (the PNGs are written meanwhile) and commit them as the table's new version, naming
+    the run's PNG folder; on failure nothing is committed and the run's PNGs are deleted."""
+    from dgx_assets.catalog import FILES_FOLDER
+    from dgx_assets.spark.table_writer import write_table_files
+
+    store = lake.lake
+
+    def write(folder: str) -> list[str]:
+        with spark_progress(frame.sparkSession, context.log.info):
+            return write_table_files(frame, folder, table.arrow_schema(), ("content",), "zstd", lake.table_writer)
+
+    try:
+        return store.tables.write_and_commit(
+            ASSET_KEY, table.arrow_schema(), write, run_id=context.run_id, properties={FILES_FOLDER: png_folder}
+        )
+    except BaseException:
+        store.delete(png_folder)  # the previous version and its PNGs are untouched
+        raise

@@ -1,11 +1,16 @@
 """The checks operators read after each generation run: enough valid images for the prompts that could be
-sent (blocking), and a prompts table without unusable rows (warning)."""
+sent (blocking), a prompts table without unusable rows (warning), and images that differ from each other
+(warning: near-duplicates)."""
 
 import dagster as dg
+from pydantic import Field
 
 from dgx_assets import settings
-from dgx_assets.generation import generate, table
+from dgx_assets.generation import table
 from dgx_assets.generation.assets import ASSET_KEY, ernie_generated_images
+from dgx_assets.generation.diversity import MAX_IMAGES, MIN_MEAN_DISTANCE
+from dgx_assets.metadata import gated, number
+from dgx_assets.metadata import table as markdown_table
 from dgx_assets.quality.expectations import run_suite
 from dgx_assets.resources import LakeResource
 from dgx_assets.spark.resource import SparkResource
@@ -15,8 +20,8 @@ class GeneratedShareConfig(dg.Config):
     min_valid_share: float = 0.9
 
 
-def _no_table(final: str) -> dg.AssetCheckResult:
-    what_to_fix = f"No table at {final}: materialize ernie_generated_images first."
+def _no_table() -> dg.AssetCheckResult:
+    what_to_fix = f"The table {ASSET_KEY} has no data: materialize ernie_generated_images first."
     return dg.AssetCheckResult(passed=False, description=what_to_fix, metadata={"what_to_fix": what_to_fix})
 
 
@@ -31,12 +36,11 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
     import great_expectations as gx
 
     store = lake.lake
-    final = store.asset_uri(ASSET_KEY)
-    written = table.written_dataset(store, final)
-    if written is None:
-        return _no_table(final)
-    summary = table.summarize(written)
-    frame = generate.spark_table(spark.spark_session, store, final).drop("content")
+    snapshot = store.tables.snapshot(ASSET_KEY)  # one snapshot for both reads, however the table moves meanwhile
+    if not snapshot.uris:
+        return _no_table()
+    summary = table.summarize(snapshot.dataset())
+    frame = store.tables.spark_frame(spark.spark_session, ASSET_KEY, snapshot_id=snapshot.snapshot_id).drop("content")
     sent = frame.where(frame.status != table.INVALID_PROMPT)  # invalid prompts: generated_prompts_valid
     outcome = run_suite(
         sent,
@@ -88,11 +92,9 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
 def generated_prompts_valid(lake: LakeResource) -> dg.AssetCheckResult:
     import pyarrow.compute as pc
 
-    store = lake.lake
-    final = store.asset_uri(ASSET_KEY)
-    written = table.written_dataset(store, final)
+    written = table.written_dataset(lake.lake)
     if written is None:
-        return _no_table(final)
+        return _no_table()
     invalid = written.to_table(columns=["id", "error"], filter=pc.field("status") == table.INVALID_PROMPT)
     examples = invalid.slice(0, 20).to_pylist()
     what_to_fix = (
@@ -112,4 +114,70 @@ def generated_prompts_valid(lake: LakeResource) -> dg.AssetCheckResult:
     )
 
 
-generation_checks = [generated_images_valid, generated_prompts_valid]
+class DiversityConfig(dg.Config):
+    min_mean_pairwise_distance: float = Field(
+        MIN_MEAN_DISTANCE,
+        description="Flag the batch as near-duplicates below this mean pairwise cosine distance of the valid images' "
+        "EfficientNet-Lite0 embeddings (real ELPV cells: 0.2-0.4)",
+    )
+
+
+def _sample_ids(dataset) -> list[str]:
+    """Up to MAX_IMAGES valid images' ids, spread evenly over the table sorted by id (the same on every run)."""
+    import pyarrow.compute as pc
+
+    ids = sorted(dataset.to_table(columns=["id"], filter=pc.field("status") == table.VALID).column("id").to_pylist())
+    step = max(1, -(-len(ids) // MAX_IMAGES))
+    return ids[::step][:MAX_IMAGES]
+
+
+# Warns when the generated images are near-duplicates of each other: decodable, but no use as varied training data.
+@dg.asset_check(
+    asset=ernie_generated_images,
+    description="The valid images differ from each other: the mean pairwise cosine distance of their embeddings from "
+    "image_features' backbone (ImageNet EfficientNet-Lite0) is at least `min_mean_pairwise_distance`; below it the "
+    f"batch is flagged as near-duplicates. At most {MAX_IMAGES} images, spread over the table. A warning.",
+)
+def generated_images_diverse(config: DiversityConfig, lake: LakeResource) -> dg.AssetCheckResult:
+    import pyarrow.compute as pc
+
+    from dgx_assets.generation.diversity import embed, pairwise_diversity
+
+    written = table.written_dataset(lake.lake)
+    if written is None:
+        return _no_table()
+    ids = _sample_ids(written)
+    if len(ids) < 2:
+        return dg.AssetCheckResult(passed=True, description=f"{len(ids)} valid image(s): nothing to compare")
+    rows = {
+        row["id"]: row["content"]
+        for row in written.to_table(columns=["id", "content"], filter=pc.field("id").isin(ids)).to_pylist()
+    }
+    diversity = pairwise_diversity(ids, embed([rows[i] for i in ids]))
+    near = diversity.near_duplicates(config.min_mean_pairwise_distance)
+    found = (
+        f"mean pairwise distance {diversity.mean_distance:.3f} of {diversity.images} valid images' EfficientNet-Lite0 "
+        f"embeddings (at least {config.min_mean_pairwise_distance:g})"
+    )
+    what_to_fix = (
+        f"The generated images are near-duplicates: {found}; the closest pair {diversity.closest[0][0]} and "
+        f"{diversity.closest[0][1]} ({diversity.closest[0][2]:.3f}). To fix: the generator ignores its prompts (mode "
+        "collapse); train it longer or on more varied images (`dgx-assets build-generator`), or point "
+        "DGX_ERNIE_ENDPOINTS at a real ERNIE-Image server, then re-materialize with `redo_all: true`"
+        if near
+        else ""
+    )
+    return dg.AssetCheckResult(
+        passed=not near,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=what_to_fix or f"the images differ: {found}",
+        metadata={
+            **gated("mean_pairwise_distance", diversity.mean_distance, config.min_mean_pairwise_distance, "min"),
+            "images_compared": diversity.images,
+            "closest_pairs": markdown_table(["image", "image", "distance"], [[a, b, number(d)] for a, b, d in diversity.closest]),
+            "what_to_fix": what_to_fix,
+        },
+    )
+
+
+generation_checks = [generated_images_valid, generated_prompts_valid, generated_images_diverse]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from dgx_assets.generation.client import ClientSettings, get_client
 from dgx_assets.generation.rows import DEFAULT_ID_KEY_CHARS, DEFAULT_ID_PREFIX, generate_rows, start_row
-from dgx_assets.generation.table import COLUMNS, GENERATED_SCHEMA, VALID, table_files
+from dgx_assets.generation.table import COLUMNS, GENERATED_SCHEMA, VALID
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,8 +29,7 @@ class GenerationJob:
 
     client: ClientSettings | None  # None when nothing is to be generated (only kept rows are rewritten)
     lake_root: str
-    png_uri: str  # the folder the PNG files are written to (inside the staging folder)
-    png_final_uri: str | None = None  # where that folder will be once committed: what png_path records
+    png_uri: str  # this run's PNG folder (table.png_folder), named by the snapshot that commits the rows
     max_attempts: int = 3
     default_width: int = 512
     default_height: int = 512
@@ -56,7 +55,7 @@ def write_pngs(rows: list[dict], job: GenerationJob) -> None:
     for row in rows:
         if row["status"] == VALID and row["content"] is not None:
             lake.write_bytes(f"{job.png_uri.rstrip('/')}/{row['file_name']}", bytes(row["content"]))
-            row["png_path"] = f"{(job.png_final_uri or job.png_uri).rstrip('/')}/{row['file_name']}"
+            row["png_path"] = f"{job.png_uri.rstrip('/')}/{row['file_name']}"
 
 
 # --- mapInPandas bodies -----------------------------------------------------------------------------------
@@ -153,9 +152,3 @@ def generated_frame(todo, kept, job: GenerationJob):
     for part in parts[1:]:
         frame = frame.unionByName(part)
     return frame
-
-
-def spark_table(session, lake, uri: str):
-    """The table as a Spark DataFrame, read from its files by name: reading the folder would make Spark list
-    the 100,000 PNGs in `png/`, and a `*.parquet` glob makes it log a stack trace looking for metadata."""
-    return session.read.parquet(*[lake.uri_of(path) for path in table_files(lake, uri)])

@@ -21,6 +21,7 @@ from pydantic import Field
 from dgx_assets import settings
 from dgx_assets.generation import launcher
 from dgx_assets.generation.client import ClientSettings, parse_endpoints
+from dgx_assets.progress import log_progress
 
 LOCAL = "local"
 # Resource fields handed to ClientSettings under the same name.
@@ -146,7 +147,12 @@ class ErnieServingResource(dg.ConfigurableResource):
             )
         model_dir = self.local_model_dir
         if self.generator_to_build():
-            say(f"No generator in {model_dir} yet: training one now, or waiting for the build under way (minutes on a CPU)")
+            log_progress(
+                say,
+                f"No generator in {model_dir} yet: training one now, or waiting for the build under way (minutes on a CPU)",
+                "phase",
+                phase="building the local generator (minutes on a CPU)",
+            )
             launcher.ensure_generator(model_dir)
         env = dict(os.environ)
         options: dict = {"log_dir": settings.state_dir() / "serving-logs", "env": env, "timeout_s": self.startup_timeout_s}
@@ -156,9 +162,8 @@ class ErnieServingResource(dg.ConfigurableResource):
             options["token_env"] = TOKEN_VARIABLE
         gpu_ids = [int(x) for x in self.gpu_ids.split(",") if x.strip()] if self.gpu_ids else None
         servers = launcher.start_local_servers(self.local_instances, model_dir, gpu_ids=gpu_ids, extra_args=extra, **options)
-        say(
-            "Launched local ERNIE-Image serving processes: " + ", ".join(f"{server.url} (pid {server.pid})" for server in servers)
-        )
+        launched = ", ".join(f"{server.url} (pid {server.pid})" for server in servers)
+        log_progress(say, f"Launched local ERNIE-Image serving processes: {launched}", "phase", phase="generating images")
         try:
             yield tuple(server.url for server in servers)
         finally:

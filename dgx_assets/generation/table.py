@@ -1,7 +1,7 @@
 """The ernie_generated_images table: its statuses and columns, and the readers reporting and checks use.
 
-Plain pyarrow over the written files: no Spark, no client, so the report and the checks can read the table
-without loading the Spark-side generation code.
+Plain pyarrow over a snapshot's data files: no Spark, no client, so the report and the checks can read the
+table without loading the Spark-side generation code.
 """
 
 from __future__ import annotations
@@ -24,26 +24,32 @@ GENERATED_SCHEMA = (
     "endpoint string, latency_s double, attempts int, http_tries int, request_key string, generated_at timestamp"
 )
 COLUMNS = [part.strip().split(" ")[0] for part in GENERATED_SCHEMA.split(",")]
+TABLE = "ernie_generated_images"
 
 
-def table_files(lake, uri: str) -> list[str]:
-    """The table's Parquet files: Spark writes them at the folder's top, next to the `png/` folder, whose
-    files are not listed (at 100,000 images that listing alone grew the driver by 80 MB)."""
-    return lake.data_files(uri, recursive=False)
+def png_folder(lake) -> str:
+    """A new folder for one run's PNG files, `<lake>/ernie_generated_images/png/<time>-<token>`: the snapshot
+    that commits the run's rows names it (`catalog.FILES_FOLDER`), and lake maintenance deletes the folders no
+    kept snapshot names."""
+    import datetime as dt
+    import uuid
+
+    return lake.uri(TABLE, "png", f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}")
 
 
-def spark_table(session, lake, uri: str):
-    """The table as a Spark DataFrame, read from its files by name: reading the folder would make Spark list
-    the 100,000 PNGs in `png/`, and a `*.parquet` glob makes it log a stack trace looking for metadata."""
-    return session.read.parquet(*[lake.uri_of(path) for path in table_files(lake, uri)])
+def arrow_schema():
+    """The table's columns as Arrow types (what the executors write)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    return to_arrow_schema(_parse_datatype_string(GENERATED_SCHEMA), timezone="UTC")
 
 
-def written_dataset(lake, uri: str):
-    """The written table as a pyarrow dataset (nothing read yet), or None when there is none."""
-    import pyarrow.dataset as ds
-
-    files = table_files(lake, uri)
-    return ds.dataset(files, filesystem=lake.fs, format="parquet") if files else None
+def written_dataset(lake, snapshot_id: int | None = None):
+    """A snapshot of the table (the current one by default) as a pyarrow dataset (nothing read yet), or None when
+    the table has none."""
+    snapshot = lake.tables.snapshot(TABLE, snapshot_id)
+    return snapshot.dataset() if snapshot.uris else None
 
 
 def summarize(dataset) -> dict:

@@ -15,7 +15,8 @@ RAW_IMAGES_COLUMNS = {
     "path": "the file's URI in the landing zone",
     "batch": "the landing batch (partition key)",
     "label": "the class, from the folder under the batch",
-    "size_bytes": "file size",
+    "size_bytes": "file size in bytes",
+    "modified_at": "the file's modification time in the landing zone when it was listed (UTC)",
     "sha256": "content hash (duplicates, split)",
     "format": "image format Pillow read (PNG, JPEG, ...)",
     "width": "pixels",
@@ -25,6 +26,7 @@ RAW_IMAGES_COLUMNS = {
     "reason": "human-readable reason for a quarantined file",
     "split": "train / validation / test, stable from the content hash",
     "content": "the image bytes (valid rows only)",
+    "ingested_at": "when this run wrote the row (UTC)",
 }
 
 
@@ -40,7 +42,7 @@ class RawImagesConfig(dg.Config):
 # Ingests one landing batch folder with Spark: every file gets a row, valid images keep their bytes.
 @dg.asset(
     partitions_def=image_batches,
-    group_name="ingestion",
+    group_name="ingest",
     kinds={"spark", "parquet"},
     owners=ASSET_OWNERS,
     code_version="1",
@@ -84,34 +86,31 @@ def _ingest_batch(
             f"Landing batch {landing_batch} holds no image files ({', '.join(images.IMAGE_EXTENSIONS)}); "
             "check DGX_LANDING_URI and the batch folder name.",
         )
-    staging, final = store.staging_uri("raw_images", batch), store.asset_uri("raw_images", batch)
-    context.log.info(f"Ingesting {landing_batch} into {final}")
-    try:
+    context.log.info(f"Ingesting {landing_batch} into the table {tables.TABLE} (batch {batch})")
+
+    def write(folder: str) -> list[str]:
         with spark_progress(spark.spark_session, context.log.info):
-            spark_ingest.write_raw_images(frame, staging)
-    except BaseException:
-        store.drop_staging(staging)  # what a task still writes into it later is swept by the next commit
-        raise
-    written = tables.read_partition_summary(store, staging)
-    store.commit(staging, final)
+            return spark_ingest.write_raw_images(frame, folder, lake.table_writer)
+
+    snapshot_id = store.tables.write_and_commit(tables.TABLE, spark_ingest.RAW_IMAGES_SCHEMA, write, batch, context.run_id)
+    written = tables.read_partition_summary(store, batch, snapshot_id)
     summary = tables.summarize(written)
     context.log.info(
         f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}"
     )
     preview = written.slice(0, 10).select(["path", "label", "status", "reason", "format", "width", "height", "split"])
-    schema = tables.dataset(store, final).schema
     return BatchResult(
         metadata={
             "dagster/row_count": summary["files_listed"],
-            metadata.COLUMN_SCHEMA: metadata.column_schema(schema, RAW_IMAGES_COLUMNS),
+            metadata.COLUMN_SCHEMA: metadata.column_schema(spark_ingest.RAW_IMAGES_SCHEMA, RAW_IMAGES_COLUMNS),
             "files_listed": summary["files_listed"],
             "valid": summary["valid"],
             "quarantined": metadata.counts(summary["quarantined"], "status", "files"),
-            "bytes": summary["bytes"],
+            "size": metadata.human_size(summary["bytes"]),
             "label_counts": metadata.counts(summary["labels"], "label", "valid images"),
             "split_counts": metadata.counts(summary["splits"], "split", "valid images"),
             "preview": dg.MetadataValue.md(preview.to_pandas().to_markdown(index=False)),
-            "path": dg.MetadataValue.path(final),
+            **metadata.table_snapshot(store, tables.TABLE, snapshot_id),
             "landing_batch": dg.MetadataValue.path(landing_batch),
             LANDING_FINGERPRINT: landed.state.fingerprint,
         },

@@ -32,12 +32,7 @@ class LabelsConfig(dg.Config):
 
 
 def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid_only: bool = False):
-    store = lake.lake
-    frame = (
-        spark.spark_session.read.option("basePath", store.asset_uri("raw_images"))
-        .parquet(store.asset_uri("raw_images", batch))
-        .drop("content")
-    )
+    frame = lake.lake.tables.spark_frame(spark.spark_session, "raw_images", batch).drop("content")
     return frame.filter(frame.status == images.VALID) if valid_only else frame
 
 

@@ -34,7 +34,8 @@ UNREADABLE = "unreadable"  # listed, then gone or forbidden when its worker came
 SYMLINK = "symlink"
 SPECIAL_FILE = "special_file"
 UNLISTABLE = "unlistable"
-REFUSED_STATUSES = (SYMLINK, SPECIAL_FILE, UNLISTABLE)
+BAD_NAME = "bad_name"  # a name that is not valid UTF-8: no partition key, Parquet string or log line can hold it
+REFUSED_STATUSES = (SYMLINK, SPECIAL_FILE, UNLISTABLE, BAD_NAME)
 STATUSES = (
     VALID,
     EMPTY,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
-from dgx_assets.ingest.images import SPECIAL_FILE, SYMLINK, UNLISTABLE
+from dgx_assets.ingest.images import BAD_NAME, SPECIAL_FILE, SYMLINK, UNLISTABLE
 from dgx_assets.lake import filesystem_for, has_hidden_part
 
 # HDFS `put` writes `<name>._COPYING_` and renames at the end; other tools leave these while writing.
@@ -132,7 +132,9 @@ def _walk_local(root: str) -> tuple[dict[str, BatchListing], list[Refused]]:
         for entry in top:
             if is_ignored(entry.name):
                 continue
-            if entry.is_dir(follow_symlinks=False):
+            if not entry.name.isascii() and not _is_utf8(entry.name):
+                refused.append(_misnamed(entry.path))  # no partition key can hold it: not a batch
+            elif entry.is_dir(follow_symlinks=False):
                 listings[entry.name] = _walk_local_batch(entry.path)
             # Loose files at the top are no batch: skipped. Links and special files are named in the tick.
             elif not entry.is_file(follow_symlinks=False) and (kind := _refuse(entry)) is not None:
@@ -160,7 +162,9 @@ def _walk_local_batch(path: str) -> BatchListing:
             for entry in entries:
                 if is_ignored(entry.name):
                     continue
-                if entry.is_dir(follow_symlinks=False):
+                if not entry.name.isascii() and not _is_utf8(entry.name):
+                    listing.refused.append(_misnamed(entry.path))
+                elif entry.is_dir(follow_symlinks=False):
                     folders.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
                     try:
@@ -206,6 +210,20 @@ def _link(path: str) -> Refused:
         f"a symbolic link to {target}: links are not followed, so nothing outside the "
         "landing zone is read; copy the file itself into the batch",
     )
+
+
+def _is_utf8(name: str) -> bool:
+    """os.scandir hands over the bytes of a name that is not UTF-8 as lone surrogates, which nothing can encode."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _misnamed(path: str) -> Refused:
+    shown = os.fsencode(path).decode("utf-8", errors="backslashreplace")  # the byte 0xff shows as \xff
+    return Refused(shown, BAD_NAME, "the name is not valid UTF-8, so no table or partition key can hold it: rename it")
 
 
 def _describe(error: OSError) -> str:

@@ -5,11 +5,11 @@ import dagster as dg
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
 
-# raw_images and the per-batch assets that follow it; the whole-dataset assets from trained_model on are
-# left to the retraining job, which learns from every batch at once.
+# Exactly raw_images and image_features of one batch, with their checks: named, not "downstream of raw_images",
+# which also caught challenger_model and hyperparameter_search. Whole-dataset assets are the retraining job's.
 ingest_batch_job = dg.define_asset_job(
     "ingest_batch",
-    selection=dg.AssetSelection.assets("raw_images").downstream() - dg.AssetSelection.assets("trained_model").downstream(),
+    selection=dg.AssetSelection.assets("raw_images", "image_features"),
     partitions_def=image_batches,
     description="Ingest one landing batch: raw_images and the per-batch features after it.",
 )

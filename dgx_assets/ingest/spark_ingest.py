@@ -26,7 +26,6 @@ import pyarrow as pa
 from dgx_assets.ingest import images
 from dgx_assets.lake import worker_filesystem
 from dgx_assets.spark.chunks import map_chunks, pack
-from dgx_assets.spark.parquet import image_table_options
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -37,6 +36,7 @@ _TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType
 RAW_IMAGES_SCHEMA = pa.schema(
     [
         ("path", pa.string()),
+        ("batch", pa.string()),
         ("label", pa.string()),
         ("size_bytes", pa.int64()),
         ("modified_at", _TIMESTAMP),
@@ -52,7 +52,7 @@ RAW_IMAGES_SCHEMA = pa.schema(
         ("ingested_at", _TIMESTAMP),
     ]
 )
-# `batch` is not stored in the files: it is the hive folder `batch=<key>` and comes back when the table is read.
+# `batch` is stored in the files: the Iceberg table is partitioned by it, and takes a file's partition from its values.
 
 # Parquet codec for the raw_images files. Nearly all of their bytes are PNG/JPEG content, already
 # compressed: zstd (the session default) saved 0% on PNG and ~3% on JPEG here, for ~0.5 JVM CPU-s per
@@ -120,9 +120,11 @@ def build_raw_images(spark, batch_uri: str, settings: IngestSettings, landed: La
     return map_chunks(spark, chunks, functools.partial(ingest_files, batch_path=batch_uri, settings=settings), RAW_IMAGES_SCHEMA)
 
 
-def write_raw_images(frame, uri: str) -> None:
-    """Write a raw_images DataFrame as the table's Parquet files (what the asset writes, and benchmarks read)."""
-    frame.write.mode("overwrite").options(**image_table_options("content", compression=PARQUET_COMPRESSION)).parquet(uri)
+def write_raw_images(frame, folder_uri: str, writer: str = "arrow") -> list[str]:
+    """Write a raw_images DataFrame as Parquet files into a new folder; returns the files, for the table's commit."""
+    from dgx_assets.spark.table_writer import write_table_files
+
+    return write_table_files(frame, folder_uri, RAW_IMAGES_SCHEMA, ("content",), PARQUET_COMPRESSION, writer)
 
 
 def _weight(file: ListedFile) -> int:
@@ -135,11 +137,13 @@ def _weight(file: ListedFile) -> int:
 def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
     """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows."""
     fs = worker_filesystem(batch_path)
+    batch_key = posixpath.basename(batch_path.rstrip("/"))
     ingested_at = dt.datetime.now(dt.UTC)
     for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
         listed = files[start : start + ROWS_PER_ARROW_BATCH]
         rows = [file_row(fs, file, batch_path, settings) for file in listed]
         columns = {name: [row.get(name) for row in rows] for name in RAW_IMAGES_SCHEMA.names}
+        columns["batch"] = [batch_key] * len(rows)
         columns["modified_at"] = [file.modified_us for file in listed]
         columns["ingested_at"] = [ingested_at] * len(rows)
         yield pa.RecordBatch.from_pydict(columns, schema=RAW_IMAGES_SCHEMA)

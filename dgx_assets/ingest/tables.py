@@ -1,26 +1,23 @@
-"""Reading back what raw_images wrote, for metadata, checks and downstream assets (driver side, pyarrow)."""
+"""Reading back what raw_images wrote, for metadata, checks and downstream assets (driver side, pyiceberg scans)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-import pyarrow.dataset as ds
-
 from dgx_assets.ingest import images
-from dgx_assets.lake import Lake
+from dgx_assets.lake import PARTITION_COLUMN, Lake
 
+TABLE = "raw_images"
 SUMMARY_COLUMNS = ["path", "label", "size_bytes", "sha256", "format", "width", "height", "mode", "status", "reason", "split"]
 
 
-def dataset(lake: Lake, partition_uri: str) -> ds.Dataset:
-    return ds.dataset(lake.data_files(partition_uri), filesystem=lake.fs, format="parquet")
+def read_partition_summary(lake: Lake, batch: str, snapshot_id: int | None = None):
+    """The batch's rows without the image bytes, as a pyarrow Table (None when it has none), from a snapshot
+    (the current one by default)."""
+    from pyiceberg.expressions import EqualTo
 
-
-def read_partition_summary(lake: Lake, partition_uri: str):
-    """The partition's rows without the image bytes, as a pyarrow Table."""
-    if not lake.data_files(partition_uri):
-        return None
-    return dataset(lake, partition_uri).to_table(columns=SUMMARY_COLUMNS)
+    table = lake.tables.scan(TABLE, SUMMARY_COLUMNS, EqualTo(PARTITION_COLUMN, batch), snapshot_id)
+    return table if table is not None and table.num_rows else None
 
 
 def summarize(table) -> dict:

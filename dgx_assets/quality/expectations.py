@@ -67,8 +67,26 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
         success=bool(result.success),
         statistics=dict(result.statistics),
         expectations=[_describe(r) for r in result.results],
-        data_docs=docs[0]["site_url"] if docs else None,
+        data_docs=docs_address(docs[0]["site_url"]) if docs else None,
     )
+
+
+def data_docs_site(gx_root: Path | None = None) -> Path:
+    """GE's data docs site of the context under `gx_root` (default `<state>/gx`): what the docs server serves."""
+    return (gx_root or settings.state_dir() / "gx") / "gx" / "uncommitted" / "data_docs" / "local_site"
+
+
+def docs_address(site_url: str) -> str:
+    """A data docs page's http address on the docs server (DGX_DOCS_URL), which serves the state folder's site;
+    GE's own file URL for a site elsewhere."""
+    from urllib.parse import unquote, urlparse
+
+    from dgx_assets import links
+
+    page, site = Path(unquote(urlparse(site_url).path)).resolve(), data_docs_site().resolve()
+    if not page.is_relative_to(site):
+        return site_url
+    return links.docs_page(settings.docs_url(), links.DATA_DOCS_ROUTE, *page.relative_to(site).parts)
 
 
 def _get_or_add(get, add, name):

@@ -1,4 +1,5 @@
-"""Gathering what the other assets left: their tables in the lake, check results in Dagster, the MLflow run.
+"""Gathering what the other assets left: their tables in the lake (pyiceberg scans), check results in Dagster,
+the MLflow run.
 
 Every reader returns None (or an empty value) when its asset has not been built yet, so a report can be
 made at any point; the verdict then says what is missing.
@@ -9,11 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 
 from dgx_assets.generation import table as generated_table
 from dgx_assets.ingest import tables
 from dgx_assets.lake import Lake
+from dgx_assets.metadata import thresholds
 from dgx_assets.reporting.verdict import CheckOutcome
 
 IMAGE_STATISTICS = ("brightness", "contrast", "sharpness")
@@ -36,18 +38,21 @@ class ReportData:
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     hardware: dict | None = None
     edge: dict | None = None  # edge_model's latest materialization metadata
+    edge_ladder: dict | None = None  # parity.json's format ladder: every format tried, the one shipped and why
     generated: dict | None = None  # status counts and sample images per label
     comparison: dict | None = None  # trained_model beside challenger_model (dgx_assets/challenger/report.py)
+    promotion: dict | None = None  # champion_model's latest decision (its metadata) and the run that made it
+    model_gate: dict | None = None  # trained_model's gate: the accuracy to reach and whether it passed
     missing: list[str] = field(default_factory=list)
 
 
 def ingestion(lake: Lake) -> dict[str, dict]:
-    summaries = {}
-    for batch in lake.partitions("raw_images"):
-        table = tables.read_partition_summary(lake, lake.asset_uri("raw_images", batch))
-        if table is not None:
-            summaries[batch] = tables.summarize(table)
-    return summaries
+    """Each batch's summary, from one pyiceberg scan of raw_images' current snapshot (no image bytes)."""
+    table = lake.tables.scan(tables.TABLE, ["batch", *tables.SUMMARY_COLUMNS])
+    if table is None:
+        return {}
+    batches = table.column("batch")
+    return {batch: tables.summarize(table.filter(pc.equal(batches, batch))) for batch in sorted(set(batches.to_pylist()))}
 
 
 def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
@@ -61,12 +66,8 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
                 continue  # planned or still running
             latest.setdefault(record.partition, evaluation)
         for partition, evaluation in sorted(latest.items(), key=lambda item: item[0] or ""):
-            metadata = evaluation.metadata or {}
-            what_to_fix = metadata.get("what_to_fix")
-            summary = (what_to_fix.value if what_to_fix is not None else None) or evaluation.description or ""
-            if not summary and "ge_statistics" in metadata:  # a GE suite that passed without a description
-                stats = metadata["ge_statistics"].value or {}
-                summary = f"{stats.get('successful_expectations')} of {stats.get('evaluated_expectations')} expectations met"
+            metadata = {name: getattr(value, "value", value) for name, value in (evaluation.metadata or {}).items()}
+            found, fix = found_and_fix(bool(evaluation.passed), evaluation.description or "", metadata)
             outcomes.append(
                 CheckOutcome(
                     asset=key.asset_key.to_user_string(),
@@ -74,12 +75,39 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
                     partition=partition,
                     passed=bool(evaluation.passed),
                     severity=evaluation.severity.value,
-                    summary=str(summary),
+                    summary=str(metadata.get("what_to_fix") or evaluation.description or found),
                     blocking=bool(getattr(evaluation, "blocking", False)),
                     great_expectations="ge_statistics" in metadata,
+                    found=found,
+                    fix=fix,
+                    figures=tuple(thresholds(metadata)),
                 )
             )
     return outcomes
+
+
+FIX_MARK = "To fix:"
+
+
+def found_and_fix(passed: bool, description: str, metadata: dict) -> tuple[str, str]:
+    """What a check found, and on failure what to fix: its description split at "To fix:", its figures against
+    their thresholds, GE's counts; a failed check always gets both."""
+    found, _, fix = description.partition(FIX_MARK)
+    found, fix = found.strip().rstrip("."), fix.strip()
+    what_to_fix = str(metadata.get("what_to_fix") or "")
+    if what_to_fix and FIX_MARK not in what_to_fix:  # all of it says what to fix: the figures say what was found
+        found, fix = "", what_to_fix
+    if "valid_share" in metadata and "min_valid_share" in metadata:
+        found = f"{metadata['valid_share']:.1%} valid (at least {metadata['min_valid_share']:.0%} needed)"
+    stats = metadata.get("ge_statistics") or {}
+    if not found and stats:
+        found = f"{stats.get('successful_expectations')} of {stats.get('evaluated_expectations')} expectations met"
+        failing = {column: examples for column, examples in (metadata.get("failing_examples") or {}).items() if examples}
+        if failing:
+            found += "; failing: " + "; ".join(f"{column}: {', '.join(map(str, ex[:3]))}" for column, ex in failing.items())
+    if passed:
+        return found or description, ""
+    return found or description, fix or "see the failing rows in the check's metadata and GE's data docs, then re-materialize"
 
 
 def data_docs_url(instance, check_keys) -> str | None:
@@ -97,12 +125,10 @@ def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
     (`flagged` when it drifted)."""
     from scipy.stats import ks_2samp
 
-    files = lake.data_files(lake.asset_uri("image_features"))
-    if not files:
+    table = lake.tables.scan("image_features", ["batch", "split", *IMAGE_STATISTICS])
+    if table is None:
         return {}, []
-    base = lake.fs_path(lake.asset_uri("image_features"))
-    dataset = ds.dataset(files, filesystem=lake.fs, format="parquet", partitioning="hive", partition_base_dir=base)
-    rows = dataset.to_table(columns=["batch", "split", *IMAGE_STATISTICS]).to_pydict()
+    rows = table.to_pydict()
     batches = [str(batch) for batch in rows["batch"]]
     statistics, tests = {}, []
     for name in IMAGE_STATISTICS:
@@ -191,6 +217,16 @@ def mlflow_details(tracking_uri: str, run_id: str) -> tuple[dict, dict | None]:
     return curves, hardware
 
 
+def edge_ladder(lake: Lake) -> dict | None:
+    """Every format edge_model tried, the one it shipped and why (None before edge_model's first build)."""
+    from dgx_assets.edge.build import EdgeBuildError, read_parity
+
+    try:
+        return read_parity(lake).get("ladder")
+    except EdgeBuildError:
+        return None
+
+
 def latest_metadata(instance, asset_key) -> dict | None:
     event = instance.get_latest_materialization_event(asset_key)
     if event is None:
@@ -199,9 +235,45 @@ def latest_metadata(instance, asset_key) -> dict | None:
     return {key: getattr(value, "value", value) for key, value in metadata.items()}
 
 
+def model_gate(instance, model: dict | None) -> dict | None:
+    """trained_model's gate as its latest evaluation ran it: the accuracy to reach (majority baseline + margin, the
+    margin from that run's config of the check, else its default) and whether it passed."""
+    from dgx_assets.training.checks import ModelGateConfig, beats_baseline_and_champion
+
+    key = next(iter(beats_baseline_and_champion.check_keys))
+    record = instance.get_latest_asset_check_evaluation_record(key)
+    evaluation = record.event.asset_check_evaluation if record and record.event else None
+    metrics = (model or {}).get("test_metrics") or {}
+    if evaluation is None or metrics.get("majority_baseline_accuracy") is None:
+        return None
+    run = instance.get_run_by_id(record.run_id)
+    ops = (run.run_config or {}).get("ops", {}) if run else {}
+    config = ModelGateConfig(**(ops.get(beats_baseline_and_champion.node_def.name, {}).get("config") or {}))
+    baseline = metrics["majority_baseline_accuracy"]
+    return {
+        "accuracy": metrics.get("accuracy"),
+        "baseline": baseline,
+        "margin": config.min_margin_over_baseline,
+        "threshold": baseline + config.min_margin_over_baseline,
+        "passed": bool(evaluation.passed),
+    }
+
+
+def promotion(instance) -> dict | None:
+    """champion_model's latest decision: `decision` (promoted / held back), `outcome`, `reason`, `to_fix`, the
+    version and champion, and `run_id`, the Dagster run that decided (None before its first materialization)."""
+    import dagster as dg
+
+    event = instance.get_latest_materialization_event(dg.AssetKey("champion_model"))
+    if event is None:
+        return None
+    metadata = event.asset_materialization.metadata
+    return {**{key: getattr(value, "value", value) for key, value in metadata.items()}, "run_id": event.run_id}
+
+
 def generated_images(lake: Lake, samples_per_label: int = 6) -> dict | None:
     """Status counts and, per label, sample images with the prompt that made each (`(png, prompt)` pairs)."""
-    dataset = generated_table.written_dataset(lake, lake.asset_uri("ernie_generated_images"))
+    dataset = generated_table.written_dataset(lake)
     if dataset is None:
         return None
     columns = set(dataset.schema.names)

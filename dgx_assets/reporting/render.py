@@ -1,31 +1,25 @@
-"""The quality report as one self-contained HTML page (charts inlined) and as a Markdown summary."""
+"""The quality report as one self-contained HTML page (templates/report.html.j2, charts inlined) and as a Markdown
+summary for Dagster's UI."""
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 
+from markupsafe import Markup
+
 from dgx_assets.challenger import report as challenger_report
+from dgx_assets.edge.promotion import Criterion
+from dgx_assets.metadata import human_size
 from dgx_assets.reporting import charts
 from dgx_assets.reporting.collect import ReportData
 from dgx_assets.reporting.verdict import Verdict
-
-_STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}
-th{background:#f3f3f3}td.num{text-align:right}
-.verdict{padding:.8em 1.2em;border-radius:6px;font-size:1.1em}.pass{background:#dfd}.warn{background:#ffd}.fail{background:#fdd}
-.grid{display:flex;flex-wrap:wrap;gap:6px}.grid figure{margin:0;width:132px;font-size:11px;color:#444}
-.grid img{width:128px;height:128px;border:1px solid #ccc;image-rendering:pixelated}
-.muted{color:#777}.flag{color:#a40;font-weight:bold}.ok{color:#272}
-.figures{display:flex;flex-wrap:wrap;gap:10px;margin:1em 0}.figure{border:1px solid #ddd;border-radius:6px;padding:.5em .9em}
-.figure b{display:block;font-size:1.4em}.links li{margin:.2em 0}
-"""
+from dgx_assets.templating import fmt, render
 
 
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+def _chart(png: bytes, alt: str) -> dict:
+    """An image the template inlines as a data: URI, so the page needs nothing beside itself."""
+    return {"alt": alt, "base64": base64.b64encode(png).decode()}
 
 
 def _comparison_rows(model: dict, edge: dict | None) -> list[list]:
@@ -53,7 +47,7 @@ def _comparison_rows(model: dict, edge: dict | None) -> list[list]:
     if edge and edge.get("tflite_test_accuracy") is not None:
         rows.append(
             [
-                f"edge_model ({edge.get('quantization', 'TFLite')})",
+                f"edge_model ({edge.get('format', 'TFLite')})",
                 _percent(edge["tflite_test_accuracy"]),
                 "",
                 int(images) if images else "n/a",
@@ -71,24 +65,6 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _cell(value) -> str:
-    """Numbers right-aligned (they compare down a column), text left."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return f"<td class='num'>{html.escape(_fmt(value))}</td>" if number else f"<td>{html.escape(_fmt(value))}</td>"
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None else str(value)
-
-
 def _thumbnail(data: bytes) -> bytes:
     """Re-encode a sample as a small PNG so the page stays light whatever the generator returned."""
     from PIL import Image
@@ -100,227 +76,299 @@ def _thumbnail(data: bytes) -> bytes:
         return buffer.getvalue()
 
 
+DECISION_RUN = "Dagster run that made the promotion decision"  # the links entry the decision line points at
+CJK_FONTS = ("Noto Sans CJK SC", "Source Han Sans SC", "PingFang SC", "Microsoft YaHei", "WenQuanYi Micro Hei")
+
+
 def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> str:
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>dgx_assets quality report</title>"
-        f"<style>{_STYLE}</style></head><body><h1>dgx_assets quality report</h1>"
-    ]
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons)
-    parts.append(
-        f"<div class='verdict {verdict.level}' id='verdict'><b>Verdict: {verdict.level.upper()}</b><ul>{reasons}</ul></div>"
-    )
-    # The first screen: the figures people ask for first, and where to click next.
-    parts.append(_key_figures(data))
-    parts.append(
-        "<h2 id='links'>Links</h2><ul class='links'>"
-        + "".join(
-            f"<li>{html.escape(name)}: <a href='{html.escape(url)}'>{html.escape(url)}</a></li>" for name, url in links.items()
-        )
-        + "</ul>"
-    )
-
-    parts.append("<h2 id='ingestion'>Ingestion per batch</h2>")
-    if data.batches:
-        rows = [
-            [
-                b,
-                s["files_listed"],
-                s["valid"],
-                ", ".join(f"{k}: {v}" for k, v in s["quarantined"].items()) or "none",
-                ", ".join(f"{k}: {v}" for k, v in s["labels"].items()),
-                s["bytes"],
-            ]
-            for b, s in data.batches.items()
-        ]
-        parts.append(_table(["batch", "files listed", "valid", "quarantined by reason", "label balance", "bytes"], rows))
-        parts.append(_img(charts.ingestion_bars(data.batches), "files per batch"))
-    else:
-        parts.append("<p class='muted'>raw_images has not been materialized.</p>")
-
-    parts.append("<h2 id='expectations'>Great Expectations results</h2>")
+    """The page (templates/report.html.j2); every section is None or empty when its asset is not built."""
     great = [c for c in data.checks if c.great_expectations]
-    parts.append(_checks_table(great) if great else "<p class='muted'>No Great Expectations suite has run yet.</p>")
-    if data.ge_data_docs:
-        parts.append(
-            f"<p><a href='{html.escape(data.ge_data_docs)}'>Great Expectations data docs</a> "
-            "(every validation, named asset.check[batch])</p>"
-        )
     others = [c for c in data.checks if not c.great_expectations]
-    if others:
-        parts.append("<h3 id='other-checks'>Other checks</h3>" + _checks_table(others))
-
-    parts.append("<h2 id='statistics'>Image statistics and drift</h2>")
-    if data.statistics:
-        for name, values in data.statistics.items():
-            parts.append(_img(charts.statistic_boxes(values["per_batch"], values["reference"], name), name))
-        parts.append(
-            "<p>Each batch against the training data (two-sample Kolmogorov–Smirnov): flagged when "
-            "KS &gt; 0.3 and p &lt; 0.01.</p>"
-        )
-        parts.append(
-            _table(
-                ["batch", "statistic", "KS statistic", "p-value", "drift"],
-                [
-                    [d["batch"], d["statistic"], d["ks"], f"{d['p_value']:.2g}", "FLAGGED" if d["flagged"] else "no"]
-                    for d in data.ks
-                ],
-            )
-        )
-        if not data.drift:
-            parts.append("<p class='ok'>No batch drifted from the training data.</p>")
-    else:
-        parts.append("<p class='muted'>image_features has not been materialized.</p>")
-    parts.append(_label_balance(data))
-
-    parts.append("<h2 id='model'>Model</h2>")
-    model = data.model
-    if model:
-        metrics = model.get("test_metrics", {})
-        edge_accuracy = (data.edge or {}).get("tflite_test_accuracy")
-        parts.append(
-            _img(
-                charts.accuracy_bars(metrics.get("accuracy", 0.0), metrics.get("majority_baseline_accuracy"), edge_accuracy),
-                "accuracy",
-            )
-        )
-        classes = model.get("class_names", [])
-        parts.append(
-            _table(
-                ["class", "precision", "recall", "F1", "support"],
-                [
-                    [
-                        c,
-                        metrics.get(f"precision_{c}"),
-                        metrics.get(f"recall_{c}"),
-                        metrics.get(f"f1_{c}"),
-                        metrics.get(f"support_{c}"),
-                    ]
-                    for c in classes
-                ],
-            )
-        )
-        parts.append(
-            _table(["model", "test accuracy", "95 % interval", "test images", "macro-F1"], _comparison_rows(model, data.edge))
-        )
-        parts.append(
-            _table(
-                ["metric", "value"],
-                [[k, metrics.get(k)] for k in ("accuracy", "majority_baseline_accuracy", "macro_f1", "roc_auc")],
-            )
-        )
-        if model.get("confusion_matrix"):
-            parts.append(_img(charts.confusion_heatmap(model["confusion_matrix"], classes), "confusion matrix"))
-        if data.curves:
-            parts.append(_img(charts.training_curves(data.curves, model.get("best_epoch")), "training curves"))
-            if model.get("best_epoch") is not None:
-                parts.append(
-                    f"<p>The model keeps the weights of epoch {model['best_epoch']} (the lowest validation "
-                    "loss; early stopping restores them), marked in red.</p>"
-                )
-        parts.append(
-            f"<p>{html.escape(model.get('registered_model_name', ''))} version "
-            f"{html.escape(str(model.get('model_version', '')))}, trained in {model.get('training_seconds')} s "
-            f"on {html.escape(str(model.get('hardware_kind')))}.</p>"
-        )
-    else:
-        parts.append("<p class='muted'>trained_model has not been materialized.</p>")
-
-    parts.append(challenger_report.render_html(data.comparison))
-    parts.append("<h2 id='edge'>Edge model</h2>")
-    if data.edge:
-        keys = (
-            "quantization",
-            "tflite_size_bytes",
-            "keras_size_bytes",
-            "size_ratio",
-            "top1_agreement",
-            "max_probability_difference",
-            "tflite_test_accuracy",
-            "keras_test_accuracy",
-            "tflite_latency_ms",
-            "keras_latency_ms",
-            "latency_ratio",
-        )
-        parts.append(_table(["figure", "value"], [[k, data.edge.get(k)] for k in keys if k in data.edge]))
-    else:
-        parts.append("<p class='muted'>edge_model has not been materialized.</p>")
-
-    parts.append("<h2 id='generated'>Generated images (ERNIE-Image)</h2>")
-    if data.generated:
-        parts.append(_table(["status", "images"], [[k, v] for k, v in data.generated["status_counts"].items()]))
-        for label, samples in data.generated["samples"].items():
-            thumbs = "".join(
-                f"<figure>{_img(_thumbnail(png), prompt or label)}<figcaption>{html.escape(prompt)}</figcaption></figure>"
-                for png, prompt in samples
-            )
-            parts.append(f"<h3>{html.escape(label)}</h3><div class='grid'>{thumbs}</div>")
-    else:
-        parts.append("<p class='muted'>ernie_generated_images has not been materialized.</p>")
-
-    parts.append("<h2 id='hardware'>Hardware baseline</h2>")
-    parts.append(
-        f"<pre>{html.escape(_hardware_text(data.hardware))}</pre>"
-        if data.hardware
-        else "<p class='muted'>No hardware baseline was logged.</p>"
+    return render(
+        "dgx_assets.reporting",
+        "report.html.j2",
+        cjk_fonts=CJK_FONTS,
+        verdict=verdict,
+        decision=_decision(data.promotion, links.get(DECISION_RUN)),
+        key_figures=_key_figures(data),
+        gates=_gate_rows(data),
+        ladder=_ladder(data.edge_ladder),
+        links=links,
+        ingestion=_ingestion(data),
+        check_headers=["asset", "check", "batch", "result", "kind", "found", "what to fix"],
+        great_expectations=_check_rows(great),
+        other_checks=_check_rows(others),
+        ge_data_docs=data.ge_data_docs,
+        statistics=_statistics(data),
+        label_balance=_label_balance(data),
+        model=_model(data),
+        # Rendered by its own autoescaping template, so it is markup already.
+        challenger=Markup(challenger_report.render_html(data.comparison)),
+        edge=_edge_figures(data.edge),
+        generated=_generated(data),
+        hardware=_hardware_text(data.hardware) if data.hardware else None,
     )
 
-    parts.append("</body></html>")
-    return "\n".join(parts)
+
+def _decision(promotion: dict | None, run_url: str | None) -> dict | None:
+    """champion_model's latest decision, for the line under the verdict."""
+    if not promotion:
+        return None
+    return {
+        "decision": promotion.get("decision", ""),
+        "outcome": promotion.get("outcome", ""),
+        "held_back": promotion.get("decision") == "held back",
+        "run_url": run_url,
+        "version_url": promotion.get("mlflow_model_version"),
+    }
 
 
-def _key_figures(data: ReportData) -> str:
+def _figure(name: str, value: float) -> str:
+    """A gated figure in its unit: shares and rates in percent, points signed, counts as they are."""
+    if name.endswith(("share", "rate")):
+        return f"{value:.2%}"
+    if name.endswith("points"):
+        return f"{value:+.2f} points"
+    return fmt(float(value)) if isinstance(value, float) else str(value)
+
+
+def _limit(name: str, bound: str, limit: float) -> str:
+    return f"{'at most' if bound == 'max' else 'at least'} {_figure(name, limit)}"
+
+
+def _gate_rows(data: ReportData) -> dict:
+    """Every figure a gate compares with a threshold, and the result; failed rows are marked."""
+    rows, failed = [], []
+    gate = data.model_gate
+    if gate:
+        threshold = f"at least {_share(gate['threshold'])} (majority baseline {_share(gate['baseline'])} + {gate['margin']:g})"
+        rows.append(["trained_model", "beats_baseline_and_champion", "", "test accuracy", _share(gate["accuracy"]), threshold])
+        failed.append(not gate["passed"])
+    for check in data.checks:
+        for name, value, bound, limit in check.figures:
+            criterion = Criterion(name, value, bound, limit)
+            words = "at most" if bound == "max" else "at least"
+            rows.append(
+                [check.asset, check.check, check.partition or "", name, _figure(name, value), f"{words} {_figure(name, limit)}"]
+            )
+            failed.append(not criterion.passed)
+    for row, bad in zip(rows, failed):
+        row.append("FAILED" if bad else "passed")
+    return {"headers": ["asset", "gate", "batch", "figure", "value", "threshold", "result"], "rows": rows, "failed": failed}
+
+
+def _edge_figures(edge: dict | None) -> list[list] | None:
+    return [[key, edge[key]] for key in _EDGE_FIGURES if key in edge] if edge else None
+
+
+_EDGE_FIGURES = (
+    "format",
+    "tflite_size",
+    "keras_size",
+    "size_ratio",
+    "top1_agreement",
+    "max_probability_difference",
+    "tflite_test_accuracy",
+    "keras_test_accuracy",
+    "tflite_latency_ms",
+    "keras_latency_ms",
+    "latency_ratio",
+)
+
+
+def _ingestion(data: ReportData) -> dict | None:
+    if not data.batches:
+        return None
+    rows = [
+        [
+            b,
+            s["files_listed"],
+            s["valid"],
+            ", ".join(f"{k}: {v}" for k, v in s["quarantined"].items()) or "none",
+            ", ".join(f"{k}: {v}" for k, v in s["labels"].items()),
+            human_size(s["bytes"]),
+        ]
+        for b, s in data.batches.items()
+    ]
+    return {
+        "headers": ["batch", "files listed", "valid", "quarantined by reason", "label balance", "size"],
+        "rows": rows,
+        "chart": _chart(charts.ingestion_bars(data.batches), "files per batch"),
+    }
+
+
+def _statistics(data: ReportData) -> dict | None:
+    if not data.statistics:
+        return None
+    return {
+        "charts": [
+            _chart(charts.statistic_boxes(values["per_batch"], values["reference"], name), name)
+            for name, values in data.statistics.items()
+        ],
+        "rows": [
+            [d["batch"], d["statistic"], d["ks"], f"{d['p_value']:.2g}", "FLAGGED" if d["flagged"] else "no"] for d in data.ks
+        ],
+        "drifted": bool(data.drift),
+    }
+
+
+def _model(data: ReportData) -> dict | None:
+    model = data.model
+    if not model:
+        return None
+    metrics = model.get("test_metrics", {})
+    edge_accuracy = (data.edge or {}).get("tflite_test_accuracy")
+    classes = model.get("class_names", [])
+    # Keras and MLflow count epochs from 0; people, the README and this page from 1.
+    epochs = {key: [(step + 1, value) for step, value in points] for key, points in data.curves.items()}
+    best_epoch = model["best_epoch"] + 1 if model.get("best_epoch") is not None else None
+    accuracy = charts.accuracy_bars(metrics.get("accuracy", 0.0), metrics.get("majority_baseline_accuracy"), edge_accuracy)
+    return {
+        "accuracy_chart": _chart(accuracy, "accuracy"),
+        "classes": [
+            [c, metrics.get(f"precision_{c}"), metrics.get(f"recall_{c}"), metrics.get(f"f1_{c}"), metrics.get(f"support_{c}")]
+            for c in classes
+        ],
+        "comparison": _comparison_rows(model, data.edge),
+        "metrics": [[k, metrics.get(k)] for k in ("accuracy", "majority_baseline_accuracy", "macro_f1", "roc_auc")],
+        "confusion_chart": (
+            _chart(charts.confusion_heatmap(model["confusion_matrix"], classes), "confusion matrix")
+            if model.get("confusion_matrix")
+            else None
+        ),
+        "curves_chart": _chart(charts.training_curves(epochs, best_epoch), "training curves") if data.curves else None,
+        "best_epoch": best_epoch,
+        "epochs": max((len(points) for points in epochs.values()), default=0),
+        "version": f"{model.get('registered_model_name', '')} version {model.get('model_version', '')}",
+        "training_seconds": model.get("training_seconds"),
+        "hardware_kind": str(model.get("hardware_kind")),
+    }
+
+
+def _diversity(checks) -> dict | None:
+    """generated_images_diverse's latest result: the batch's mean pairwise distance against its threshold."""
+    for check in checks:
+        for name, value, bound, limit in check.figures if check.check == "generated_images_diverse" else ():
+            return {
+                "value": f"{value:.3f}",
+                "threshold": _limit(name, bound, limit),
+                "flagged": not check.passed,
+                "found": check.found,
+            }
+    return None
+
+
+def _generated(data: ReportData) -> dict | None:
+    generated = data.generated
+    if not generated:
+        return None
+    return {
+        "counts": [[k, v] for k, v in generated["status_counts"].items()],
+        "diversity": _diversity(data.checks),
+        "samples": {
+            label: [{"chart": _chart(_thumbnail(png), prompt or label), "prompt": prompt} for png, prompt in samples]
+            for label, samples in generated["samples"].items()
+        },
+    }
+
+
+def _key_figures(data: ReportData) -> list[dict]:
+    """The first screen's cards; a gated figure carries its threshold and is marked when its gate failed."""
     figures = []
+
+    def card(value: str, label: str, threshold: str = "", failed: bool = False) -> None:
+        figures.append({"value": value, "label": label, "threshold": threshold, "failed": failed})
+
+    if data.promotion:
+        held = data.promotion.get("decision") == "held back"
+        card(str(data.promotion.get("decision")), str(data.promotion.get("outcome")), failed=held)
     if data.batches:
         valid = sum(s["valid"] for s in data.batches.values())
         listed = sum(s["files_listed"] for s in data.batches.values())
-        figures.append((f"{valid:,} / {listed:,}", f"valid images in {len(data.batches)} batches"))
-    if data.model:
-        metrics = data.model.get("test_metrics", {})
-        figures.append(
-            (
-                _share(metrics.get("accuracy")),
-                f"test accuracy (majority baseline {_share(metrics.get('majority_baseline_accuracy'))})",
-            )
+        shares = [c for c in data.checks if c.check == "valid_image_share"]
+        minimum = min((limit for c in shares for name, _, _, limit in c.figures if name == "valid_share"), default=None)
+        card(
+            f"{valid:,} / {listed:,}",
+            f"valid images in {len(data.batches)} batches",
+            f"each batch at least {minimum:.0%}" if minimum is not None else "",
+            any(not c.passed for c in shares),
         )
-    if data.edge:
-        figures.append((_share(data.edge.get("top1_agreement")), "edge model agrees with trained_model"))
+    if data.model_gate:
+        gate = data.model_gate
+        card(_share(gate["accuracy"]), "test accuracy", f"at least {_share(gate['threshold'])}", not gate["passed"])
+    elif data.model:
+        card(_share(data.model.get("test_metrics", {}).get("accuracy")), "test accuracy", "gate not evaluated")
+    if data.edge_ladder:
+        card(
+            data.edge_ladder["format"],
+            "edge format shipped",
+            "parity gate " + ("passed" if data.edge_ladder["passed"] else "failed"),
+        )
+    for check in (c for c in data.checks if c.asset == "edge_model" and c.check == "parity"):
+        for name, value, bound, limit in check.figures:
+            passed = Criterion(name, value, bound, limit).passed
+            card(_figure(name, value), name.replace("_", " "), _limit(name, bound, limit), not passed)
     if data.generated:
         counts = data.generated["status_counts"]
-        figures.append((f"{counts.get('valid', 0)} / {sum(counts.values())}", "generated images valid"))
+        card(f"{counts.get('valid', 0)} / {sum(counts.values())}", "generated images decodable")
+    diversity = _diversity(data.checks)
+    if diversity:
+        label = "generated images: near-duplicates" if diversity["flagged"] else "generated images differ"
+        card(diversity["value"], f"{label} (mean pairwise distance)", diversity["threshold"], diversity["flagged"])
     flagged = len(data.drift) + sum(1 for row in data.label_balance if row["flagged"])
-    figures.append((str(flagged), "drift or label-shift flags"))
-    return (
-        "<div class='figures'>"
-        + "".join(f"<div class='figure'><b>{html.escape(value)}</b>{html.escape(label)}</div>" for value, label in figures)
-        + "</div>"
-    )
+    card(str(flagged), "drift or label-shift flags", "KS > 0.3 and p < 0.01; class share 10 points off and p < 0.01")
+    return figures
+
+
+def _ladder(ladder: dict | None) -> dict | None:
+    """Every format the ladder tried, against trained_model on the test images; "(shipped)" marks the one shipped."""
+    if not ladder:
+        return None
+    rows = []
+    for trial in ladder["trials"]:
+        if trial.get("error"):
+            rows.append([trial["format"], "", "", "", "", "", f"failed to build: {trial['error']}"])
+            continue
+        rows.append(
+            [
+                trial["format"] + (" (shipped)" if trial["format"] == ladder["format"] else ""),
+                trial["size_ratio"],
+                trial["latency_ratio"],
+                _percent(trial["accuracy"]),
+                _percent(trial["agreement"]),
+                f"{trial['negative_flips']} ({trial['negative_flip_rate']:.1%})",
+                "pass" if trial["passed"] else "fail: " + "; ".join(trial["failed_criteria"]),
+            ]
+        )
+    headers = ["format", "size ratio", "latency ratio", "accuracy", "agreement with trained_model", "negative flips", "gate"]
+    return {"reason": ladder["reason"], "headers": headers, "rows": rows}
 
 
 def _share(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def _checks_table(checks) -> str:
-    """Result per check and batch; the last columns say what a passed check found, or what to fix."""
+def _check_rows(checks) -> dict:
+    """Result per check and batch: what it found, and what to fix when it failed (those rows are marked)."""
     rows = [
         [
             c.asset,
             c.check,
             c.partition or "",
             "passed" if c.passed else "FAILED",
-            "blocking" if c.blocking else "warning",
-            c.summary if c.passed else "",
-            "" if c.passed else c.summary,
+            "blocking" if c.blocking else ("error" if c.severity == "ERROR" else "warning"),
+            c.found,
+            "" if c.passed else c.fix,
         ]
         for c in checks
     ]
-    return _table(["asset", "check", "batch", "result", "kind", "found", "what to fix"], rows)
+    return {"rows": rows, "failed": [not c.passed for c in checks]}
 
 
-def _label_balance(data: ReportData) -> str:
+def _label_balance(data: ReportData) -> dict | None:
     """Beside the image statistics: a batch whose class shares differ from the other batches' is flagged."""
     if not data.label_balance:
-        return ""
+        return None
     classes = sorted({c for row in data.label_balance for c in row["shares"]})
     rows = [
         [
@@ -332,24 +380,17 @@ def _label_balance(data: ReportData) -> str:
         ]
         for row in data.label_balance
     ]
-    flagged = [row["batch"] for row in data.label_balance if row["flagged"]]
-    return (
-        "<h3 id='label-balance'>Label balance per batch</h3>"
-        + _img(charts.label_shares(data.batches), "label balance per batch")
-        + "<p>Each batch's class shares against the other batches pooled: flagged when a share is 10 points or "
-        "more away and a chi-square test gives p &lt; 0.01.</p>"
-        + _table(["batch", *(f"{c} share" for c in classes), "largest gap to the other batches", "p-value", "shift"], rows)
-        + (
-            f"<p class='flag'>Label balance shifted in {', '.join(flagged)}.</p>"
-            if flagged
-            else "<p class='ok'>No batch's label balance stands out.</p>"
-        )
-    )
+    return {
+        "chart": _chart(charts.label_shares(data.batches), "label balance per batch"),
+        "headers": ["batch", *(f"{c} share" for c in classes), "largest gap to the other batches", "p-value", "shift"],
+        "rows": rows,
+        "flagged": [row["batch"] for row in data.label_balance if row["flagged"]],
+    }
 
 
 def _hardware_text(hardware: dict) -> str:
     shown = {k: v for k, v in hardware.items() if k != "nvidia_smi_query"}
-    lines = [f"{k}: {v}" for k, v in shown.items()]
+    lines = [f"{k}: {human_size(v) if k.endswith('_bytes') and isinstance(v, int) else v}" for k, v in shown.items()]
     if hardware.get("nvidia_smi_query"):
         lines.append(hardware["nvidia_smi_query"][:4000])
     return "\n".join(lines)
@@ -358,6 +399,8 @@ def _hardware_text(hardware: dict) -> str:
 def render_markdown(data: ReportData, verdict: Verdict, report_path: str) -> str:
     """The summary the Dagster UI shows: blank lines between blocks, or Markdown runs them together."""
     lines = [f"**Verdict: {verdict.level.upper()}**", ""] + [f"- {r}" for r in verdict.reasons] + [""]
+    if data.promotion:
+        lines += [f"**Promotion: {data.promotion.get('decision')}**: {data.promotion.get('outcome')}", ""]
     if data.batches:
         lines += ["| batch | files | valid | quarantined |", "|---|---|---|---|"]
         lines += [
@@ -373,7 +416,7 @@ def render_markdown(data: ReportData, verdict: Verdict, report_path: str) -> str
         )
     if data.edge:
         figures.append(
-            f"Edge model: agreement {_share(data.edge.get('top1_agreement'))}, size ratio {_fmt(data.edge.get('size_ratio'))}"
+            f"Edge model: agreement {_share(data.edge.get('top1_agreement'))}, size ratio {fmt(data.edge.get('size_ratio'))}"
         )
     if data.generated:
         figures.append("Generated images: " + ", ".join(f"{k} {v}" for k, v in data.generated["status_counts"].items()))

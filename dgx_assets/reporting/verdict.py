@@ -15,6 +15,9 @@ class CheckOutcome:
     summary: str = ""  # what to fix when failed, what it found when passed
     blocking: bool = False  # a blocking check holds back what follows it when it fails
     great_expectations: bool = False  # a Great Expectations suite made the result
+    found: str = ""  # what the check measured (figures against thresholds where it has them)
+    fix: str = ""  # what to fix, when it failed
+    figures: tuple[tuple[str, float, str, float], ...] = ()  # (name, figure, "min" or "max", threshold) it gated on
 
     @property
     def where(self) -> str:
@@ -27,17 +30,30 @@ class Verdict:
     reasons: list[str]
 
 
-def decide(checks: list[CheckOutcome], drifted: list[str], missing: list[str], label_shifts: list[str] = ()) -> Verdict:
-    """fail: a blocking (ERROR) check failed. warn: a warning check failed, drift (image statistics or label
-    balance), or an asset not built yet."""
-    failed = [c for c in checks if not c.passed and c.severity == "ERROR"]
+def decide(
+    checks: list[CheckOutcome],
+    drifted: list[str],
+    missing: list[str],
+    label_shifts: list[str] = (),
+    held_back: str | None = None,
+    gate_checks: set[tuple[str, str]] = frozenset(),
+) -> Verdict:
+    """fail: an error-severity check failed, or a version was held back from promotion (`held_back`, which then
+    stands for the failed `gate_checks`: (asset, check) pairs). warn: a warning check failed, drift (image
+    statistics or label balance), or an asset not built yet."""
+    folded = gate_checks if held_back else set()
+    failed = [c for c in checks if not c.passed and c.severity == "ERROR" and (c.asset, c.check) not in folded]
     warned = [c for c in checks if not c.passed and c.severity != "ERROR"]
-    reasons = [f"blocking check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in failed]
+    reasons = [held_back] if held_back else []
+    reasons += [
+        f"{'blocking check' if c.blocking else 'check'} {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "")
+        for c in failed
+    ]
     reasons += [f"warning check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in warned]
     reasons += [f"image statistics drifted: {d}" for d in drifted]
     reasons += [f"label balance shifted: {shift}" for shift in label_shifts]
     reasons += [f"{asset} has not been materialized" for asset in missing]
-    if failed:
+    if failed or held_back:
         return Verdict("fail", reasons)
     if reasons:
         return Verdict("warn", reasons)

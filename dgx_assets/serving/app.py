@@ -27,10 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from dgx_assets.http_limits import DISCONNECTED, BodyGuard, BodyRefused, Disconnected, read_body
 from dgx_assets.serving import protocol
 from dgx_assets.serving.config import ServingConfig
 from dgx_assets.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -40,11 +41,8 @@ from dgx_assets.serving.protocol import ApiError
 log = logging.getLogger("dgx_assets.serving")
 OPENAI_ROUTE = "/v1/images/generations"
 JSON_TYPE = "application/json; charset=utf-8"
-DISCONNECTED = 499  # recorded for requests whose client left before the reply (nginx's convention)
-
-
-class Disconnected(Exception):
-    """The client closed its connection; nothing more is done for it."""
+# The shared body reader's refusals, by HTTP status, as Paddle error codes.
+BODY_CODES = {400: protocol.BAD_HTTP, 408: protocol.READ_TIMEOUT, 411: protocol.LENGTH_REQUIRED, 413: protocol.BODY_TOO_LARGE}
 
 
 class ModelHolder:
@@ -99,54 +97,34 @@ class ServingApp:
             exception_handlers={HTTPException: self.http_error, Exception: self.crash},
         )
         self.app.router.redirect_slashes = False  # a 307 to "/status" would be the one reply that is not JSON
+        self.guard = BodyGuard(self.app, self.finished)  # closes connections whose body was left unread
 
     # --- the guard ------------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":  # lifespan is off and websockets are not served
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = time.monotonic()
         scope.setdefault("state", {})
-        headers = dict(scope["headers"])
-        seen = {
-            "body_done": headers.get(b"content-length", b"0").strip() == b"0" and b"transfer-encoding" not in headers,
-            "status": DISCONNECTED,
-        }
-
-        async def guarded_receive():
-            message = await receive()
-            if message["type"] == "http.request" and not message.get("more_body", False):
-                seen["body_done"] = True
-            return message
-
-        async def guarded_send(message):
-            if message["type"] == "http.response.start":
-                seen["status"] = message["status"]
-                if not seen["body_done"]:
-                    # Answered before its body was read (413, 401, 404, ...): the rest of the body must not be
-                    # read, so the connection cannot carry another request.
-                    message = dict(message, headers=[*message.get("headers", []), (b"connection", b"close")])
-            await send(message)
-
         self.metrics.in_flight.inc()
         try:
-            await self.app(scope, guarded_receive, guarded_send)
+            await self.guard(scope, receive, send)
         finally:
             self.metrics.in_flight.dec()
-            seconds = time.monotonic() - started
-            code = scope["state"].get("error_code")
-            self.metrics.finished(self.route_label(scope["path"]), seen["status"], seconds, code)
-            # The path without its query string (tokens and other secrets travel there), cut short; the
-            # log formatter escapes control characters.
-            client = scope.get("client") or ("-", 0)
-            log.info(
-                '%s "%s %s" %s%s %.1f ms',
-                client[0],
-                scope["method"],
-                scope["path"][:200],
-                seen["status"],
-                f" err {code}" if code else "",
-                seconds * 1000,
-            )
+
+    def finished(self, scope: dict, status: int, seconds: float) -> None:
+        code = scope["state"].get("error_code")
+        self.metrics.finished(self.route_label(scope["path"]), status, seconds, code)
+        # The path without its query string (tokens and other secrets travel there), cut short; the log
+        # formatter escapes control characters.
+        client = scope.get("client") or ("-", 0)
+        log.info(
+            '%s "%s %s" %s%s %.1f ms',
+            client[0],
+            scope["method"],
+            scope["path"][:200],
+            status,
+            f" err {code}" if code else "",
+            seconds * 1000,
+        )
 
     def route_label(self, path: str) -> str:
         return {OPENAI_ROUTE: "openai", self.pipeline_path: "pipeline", "/status": "status", "/metrics": "metrics"}.get(
@@ -241,26 +219,11 @@ class ServingApp:
         )
 
     async def read_json(self, request: Request) -> dict:
-        """The body as a JSON object: refused from Content-Length alone when over the limit, cut off when a
-        chunked body passes it, and given up (408) when it does not arrive within body_timeout_s."""
-        limit = self.config.max_body_bytes
-        length_text = request.headers.get("content-length")
-        chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
-        if length_text is None and not chunked:
-            raise ApiError(411, protocol.LENGTH_REQUIRED, "send Content-Length (or a chunked body)")
-        if length_text is not None and int(length_text) > limit:  # h11 has checked it is a number
-            raise ApiError(413, protocol.BODY_TOO_LARGE, f"body of {length_text} bytes is over the {limit} byte limit")
-        raw = bytearray()
+        """The body as a JSON object, read by the shared bounded reader (limit, whole-body deadline)."""
         try:
-            async with asyncio.timeout(self.config.body_timeout_s):
-                async for chunk in request.stream():
-                    raw += chunk
-                    if len(raw) > limit:
-                        raise ApiError(413, protocol.BODY_TOO_LARGE, f"body is over the {limit} byte limit")
-        except TimeoutError:
-            raise ApiError(408, protocol.READ_TIMEOUT, f"body not received within {self.config.body_timeout_s:g}s") from None
-        except ClientDisconnect:
-            raise Disconnected from None
+            raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
+        except BodyRefused as refused:
+            raise ApiError(refused.status, BODY_CODES[refused.status], refused.message) from None
         # Invalid UTF-8 is replaced, not refused: one bad byte in a prompt should not cost the image.
         text = bytes(raw).decode("utf-8", errors="replace")
         try:

@@ -42,77 +42,26 @@ def register(subparsers) -> None:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    # Every default is None: "not given", so the config file's value (or the built-in default) stands.
-    parser.add_argument("--model-dir", default=None, help="folder with <name>.json + <name>.pdiparams")
+    """The process's own two flags, then one per setting of ServingConfig (help from its descriptions)."""
+    from dgx_assets.flags import add_model_flags
+    from dgx_assets.serving.config import ServingConfig
+
     parser.add_argument("--config", default=None, help="operator config file (deploy/serving/config.yml form)")
-    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="port (default 9998; 0 picks a free one)")
     parser.add_argument("--port-file", default=None, help="write the bound port here once listening")
-    parser.add_argument("--token-env", default=None, help="environment variable holding the bearer token")
-    parser.add_argument("--service-name", default=None, help="pipeline route name (default ernie_image)")
-    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None)
-    parser.add_argument("--gpu-ids", default=None, help="GPU ids, e.g. 0 or 0,1 (the first is used)")
-    parser.add_argument("--no-ir-optim", dest="ir_optim", action="store_const", const=False, default=None)
-    parser.add_argument("--concurrency", type=int, default=None, help="predictors running at once")
-    parser.add_argument("--cpu-threads", type=int, default=None)
-    parser.add_argument("--max-body-bytes", type=int, default=None, help="request body limit (default 16 KiB)")
-    parser.add_argument(
-        "--request-timeout-s", type=float, default=None, help="longest wait for a free predictor before 503 (default 60)"
-    )
-    parser.add_argument("--max-connections", type=int, default=None, help="open connections (default 2048)")
-    parser.add_argument(
-        "--max-queue", type=int, default=None, help="generation requests waiting beyond the running ones before 503 (default 32)"
-    )
-    parser.add_argument("--header-timeout-s", type=float, default=None, help="time to send a request head (default 10)")
-    parser.add_argument("--body-timeout-s", type=float, default=None, help="time to send a body (default 10)")
-    parser.add_argument("--keep-alive-s", type=float, default=None, help="idle keep-alive connections (default 30)")
-    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve HTTPS (TLS 1.2 minimum)")
-    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--engine", default=None, help="engine factory 'package.module:callable' (default: the exported Paddle generator)"
-    )
-    parser.add_argument(
-        "--engine-option",
-        dest="engine_options",
-        action="append",
-        default=None,
-        metavar="NAME=VALUE",
-        help="option passed to the engine factory (repeatable)",
-    )
+    # Every default is None: "not given", so the config file's value (or the built-in default) stands.
+    add_model_flags(parser, ServingConfig)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from dgx_assets.serving.config import ConfigError, build_config, parse_options
-    from dgx_assets.serving.server import configure_logging, serve
+    from dgx_assets.flags import given_flags
+    from dgx_assets.http_limits import configure_logging
+    from dgx_assets.serving.config import ConfigError, ServingConfig, build_config
+    from dgx_assets.serving.server import serve
 
-    configure_logging()
-    gpu_ids = tuple(int(x) for x in args.gpu_ids.split(",") if x.strip()) if args.gpu_ids else None
+    configure_logging("ernie-serving")
     try:
-        config = build_config(
-            args.config,
-            model_dir=args.model_dir,
-            host=args.host,
-            port=args.port,
-            token_env=args.token_env,
-            service_name=args.service_name,
-            device=args.device,
-            gpu_ids=gpu_ids,
-            ir_optim=args.ir_optim,
-            concurrency=args.concurrency,
-            cpu_threads=args.cpu_threads,
-            max_body_bytes=args.max_body_bytes,
-            request_timeout_s=args.request_timeout_s,
-            max_connections=args.max_connections,
-            max_queue=args.max_queue,
-            header_timeout_s=args.header_timeout_s,
-            body_timeout_s=args.body_timeout_s,
-            keep_alive_s=args.keep_alive_s,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            engine=args.engine,
-            engine_options=parse_options(args.engine_options) if args.engine_options else None,
-        )
-    except (ConfigError, OSError, ValueError) as error:
+        config = build_config(args.config, **{name: value for name, (value, _) in given_flags(args, ServingConfig).items()})
+    except (ConfigError, OSError) as error:
         print(f"serve: {error}", file=sys.stderr)
         return 2
     return serve(config, port_file=args.port_file)

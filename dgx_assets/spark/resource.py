@@ -23,6 +23,8 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "256",
         "spark.sql.parquet.compression.codec": "zstd",
+        # Iceberg's timestamps are microseconds; Spark's default INT96 is not an Iceberg type (its own writer).
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.ui.showConsoleProgress": "false",
         "spark.eventLog.enabled": "true",
     }

@@ -1,4 +1,4 @@
-"""MLflow dataset classes for Parquet files in the lake: logged as run inputs by digest, never loaded.
+"""MLflow dataset classes for the lake's tables: logged as run inputs by digest and snapshot id, never loaded.
 
 Imports mlflow at module level: only ``lineage.feature_dataset`` imports this, inside a tracked run.
 """
@@ -14,8 +14,11 @@ from mlflow.types import ColSpec, DataType, Schema
 
 
 class LakeDatasetSource(DatasetSource):
-    def __init__(self, source_uri: str):
+    """A table of the lake: its location, and the Iceberg table and snapshot id read (time travel gets them back)."""
+
+    def __init__(self, source_uri: str, table: str | None = None, snapshot_id: int | None = None):
         self._uri = source_uri
+        self._table, self._snapshot_id = table, snapshot_id
 
     @staticmethod
     def _get_source_type() -> str:
@@ -33,11 +36,13 @@ class LakeDatasetSource(DatasetSource):
         return cls(str(raw_source))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uri": self._uri}
+        table = {"table": self._table, "snapshot_id": str(self._snapshot_id)} if self._table else {}
+        return {"uri": self._uri} | table
 
     @classmethod
     def from_dict(cls, source_dict: dict[Any, Any]) -> LakeDatasetSource:
-        return cls(source_dict["uri"])
+        snapshot = source_dict.get("snapshot_id")
+        return cls(source_dict["uri"], source_dict.get("table"), int(snapshot) if snapshot else None)
 
 
 class FeatureDataset(MetaDataset):

@@ -69,6 +69,14 @@ def code_revision() -> str | None:
     return completed.stdout.strip() or None if completed.returncode == 0 else None
 
 
+def snapshot_tags(files: FeatureFiles) -> dict[str, str]:
+    """The Iceberg table and snapshot a run read (`dgx.table`, `dgx.snapshot_id`): `dgx-assets lake export` reads
+    the same rows again from them."""
+    if files.table is None or files.snapshot_id is None:
+        return {}
+    return {"dgx.table": files.table, "dgx.snapshot_id": str(files.snapshot_id)}
+
+
 def lineage_tags(lineage: DagsterLineage, commit: str | None) -> dict[str, str]:
     """MLflow run tags that lead back to the Dagster run, its partitions and the git commit."""
     tags = {
@@ -86,10 +94,11 @@ def lineage_tags(lineage: DagsterLineage, commit: str | None) -> dict[str, str]:
     return tags | {key: value for key, value in optional.items() if value}
 
 
-def feature_dataset(name: str, uri: str, digest: str, profile: dict[str, Any]) -> Any:
-    """An MLflow dataset that describes Parquet files without loading them."""
+def feature_dataset(name: str, files: FeatureFiles, uri: str, digest: str, profile: dict[str, Any]) -> Any:
+    """An MLflow dataset that describes Parquet files without loading them; its source names the Iceberg table
+    and snapshot they are the data files of."""
     from dgx_assets.tracking.lake_dataset import FeatureDataset, LakeDatasetSource, feature_schema
 
-    return FeatureDataset(
-        LakeDatasetSource(uri), name=name, digest=digest[:DIGEST_CHARS], schema=feature_schema(), profile=profile
-    )
+    source = LakeDatasetSource(uri, files.table, files.snapshot_id)
+    profile = profile | ({"table": files.table, "snapshot_id": str(files.snapshot_id)} if files.table else {})
+    return FeatureDataset(source, name=name, digest=digest[:DIGEST_CHARS], schema=feature_schema(), profile=profile)

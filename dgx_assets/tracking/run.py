@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from dgx_assets.tracking.hardware import hardware_baseline, hardware_tags
-from dgx_assets.tracking.lineage import DagsterLineage, FileEntry, code_revision, describe_files, lineage_tags
+from dgx_assets.tracking.lineage import DagsterLineage, FileEntry, code_revision, describe_files, lineage_tags, snapshot_tags
 from dgx_assets.tracking.store import TrackingConfig, ensure_experiment
 
 if TYPE_CHECKING:
@@ -43,6 +43,6 @@ def prepare_run(tracking: TrackingConfig, lineage: DagsterLineage, files: Featur
         entries=describe_files(files),
         commit=commit,
         hardware=hardware,
-        tags=lineage_tags(lineage, commit) | hardware_tags(hardware),
+        tags=lineage_tags(lineage, commit) | snapshot_tags(files) | hardware_tags(hardware),
         run_name=f"{asset}-{(lineage.run_id or 'adhoc')[:8]}-{time.strftime('%Y%m%d-%H%M%S')}",
     )

@@ -14,16 +14,18 @@ from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
-from dgx_assets.training.config import FeatureConfig, TrainConfig
+from dgx_assets.training.config import FeatureConfig, TrainConfig, human_epoch
+from dgx_assets.tuning.best_config import SEARCH_ASSET
 
 TRAINING_OWNERS = ["team:ml-platform"]
 TRAINING_GROUP = "training"
 FEATURES_CODE_VERSION = "1"
-TRAINED_MODEL_CODE_VERSION = "3"  # 2: batch normalisation fine-tuned; 3: one training iterator per run, 7 epochs
+TRAINED_MODEL_CODE_VERSION = "4"  # 3: one training iterator per run, 7 epochs; 4: dihedral views and threshold
 # What each image_features column means, for the column schema the UI shows.
 IMAGE_FEATURES_COLUMNS = {
     "sha256": "content hash of the source image (its id)",
     "path": "the source file in the landing zone",
+    "batch": "the landing batch the image came in (the table's partition)",
     "label": "class",
     "split": "train / validation / test",
     "source_width": "pixels of the source image",
@@ -81,36 +83,31 @@ def _featurise_batch(
 ) -> BatchResult:
     from dgx_assets.spark.progress import spark_progress
     from dgx_assets.training.config import FeatureConfigError
-    from dgx_assets.training.features import build_image_features
+    from dgx_assets.training.features import FEATURE_SCHEMA, build_image_features
 
     store = lake.lake
-    raw_uri = store.asset_uri("raw_images", batch)
-    if not store.data_files(raw_uri):
-        raise dg.Failure(f"{raw_uri} holds no Parquet files: materialize raw_images for batch {batch!r} first")
+    raw = store.tables.snapshot("raw_images", batch=batch)
+    if not raw.uris:
+        raise dg.Failure(f"the table raw_images holds no rows of batch {batch!r}: materialize raw_images for it first")
     feature_config = config.feature_config()
     try:
         feature_config.check()
     except FeatureConfigError as error:
         raise dg.Failure(str(error)) from error
 
-    staging, final = store.staging_uri("image_features", batch), store.asset_uri("image_features", batch)
-    context.log.info(f"Featurising {raw_uri} into {final}")
+    context.log.info(f"Featurising raw_images[{batch}] (snapshot {raw.snapshot_id}) into the table image_features")
     session = spark.spark_session
-    with spark_progress(session, context.log.info):
-        summary = build_image_features(session, raw_uri, staging, feature_config)
-    if summary.valid_rows == 0:
-        store.delete(staging)
-        raise dg.Failure(f"raw_images[{batch}] has no valid images: nothing to featurise (see its quarantine counts)")
-    failed_share = summary.failed_rows / summary.valid_rows
-    if failed_share > config.max_failed_share:
-        store.delete(staging)
-        raise dg.Failure(
-            f"{summary.failed_rows} of {summary.valid_rows} valid images of batch {batch!r} could not be featurised "
-            f"(more than max_failed_share={config.max_failed_share}); see feature_error in {staging} logs, "
-            "fix the images or raise max_failed_share"
-        )
-    store.commit(staging, final)
-    overview = _feature_overview(store, final)
+    done = {}
+
+    def write(folder: str) -> list[str]:
+        with spark_progress(session, context.log.info):
+            done["summary"], files = build_image_features(session, raw, folder, feature_config, lake.table_writer)
+        _refuse_failed_share(done["summary"], batch, config.max_failed_share)
+        return files
+
+    snapshot_id = store.tables.write_and_commit("image_features", FEATURE_SCHEMA, write, batch, context.run_id)
+    summary = done["summary"]
+    overview = _feature_overview(store, batch, snapshot_id)
     context.log.info(f"image_features[{batch}]: {summary.feature_rows} rows on {summary.devices}")
     return BatchResult(
         metadata={
@@ -118,30 +115,40 @@ def _featurise_batch(
             "failed_rows": summary.failed_rows,
             "tensor_shape": dg.MetadataValue.json(summary.tensor_shape),
             "devices": dg.MetadataValue.json(summary.devices),
-            metadata.COLUMN_SCHEMA: metadata.column_schema(overview["schema"], IMAGE_FEATURES_COLUMNS),
+            metadata.COLUMN_SCHEMA: metadata.column_schema(FEATURE_SCHEMA, IMAGE_FEATURES_COLUMNS),
             "label_counts": metadata.counts(overview["labels"], "label", "images"),
             "split_counts": metadata.counts(overview["splits"], "split", "images"),
             "image_statistics": metadata.table(
                 ["statistic", "mean", "std"], [[name, v["mean"], v["std"]] for name, v in overview["statistics"].items()]
             ),
             "embedding": config.embedding,
-            "path": dg.MetadataValue.path(final),
+            **metadata.table_snapshot(store, "image_features", snapshot_id),
+            "raw_images_snapshot_id": str(raw.snapshot_id),
         }
     )
 
 
-def _feature_overview(store, uri: str) -> dict:
-    """Counts and mean statistics from the small columns of a committed partition."""
+def _refuse_failed_share(summary, batch: str, max_failed_share: float) -> None:
+    if summary.valid_rows == 0:
+        raise dg.Failure(f"raw_images[{batch}] has no valid images: nothing to featurise (see its quarantine counts)")
+    if summary.failed_rows / summary.valid_rows > max_failed_share:
+        raise dg.Failure(
+            f"{summary.failed_rows} of {summary.valid_rows} valid images of batch {batch!r} could not be featurised "
+            f"(more than max_failed_share={max_failed_share}); nothing was committed. See feature_error in the run's "
+            "logs, fix the images or raise max_failed_share"
+        )
+
+
+def _feature_overview(store, batch: str, snapshot_id: int) -> dict:
+    """Counts and mean statistics from the small columns of the committed batch."""
     from collections import Counter
 
-    import pyarrow.dataset as pads
+    from pyiceberg.expressions import EqualTo
 
-    dataset = pads.dataset(store.data_files(uri), filesystem=store.fs, format="parquet")
-    table = dataset.to_table(columns=["label", "split", "feature_status", "brightness", "contrast", "sharpness"])
-    frame = table.to_pandas()
+    columns = ["label", "split", "feature_status", "brightness", "contrast", "sharpness"]
+    frame = store.tables.scan("image_features", columns, EqualTo("batch", batch), snapshot_id).to_pandas()
     ok = frame[frame["feature_status"] == "ok"]
     return {
-        "schema": dataset.schema,
         "labels": dict(sorted(Counter(ok["label"]).items())),
         "splits": dict(sorted(Counter(ok["split"]).items())),
         "statistics": {
@@ -167,7 +174,12 @@ class TrainedModelConfig(dg.Config, TrainConfig):
 
 # Trains the defect classifier on every image_features batch, tracked in MLflow; registers the version as `candidate`.
 @dg.asset(
-    deps=[dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping())],
+    deps=[
+        dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping()),
+        # Read only with use_searched_hyperparameters: a declared edge, not an input, so trained_model runs
+        # without it (make demo leaves the search out) and the UI shows when a newer search makes it stale.
+        dg.AssetDep(SEARCH_ASSET),
+    ],
     group_name=TRAINING_GROUP,
     kinds={"tensorflow", "mlflow"},
     owners=TRAINING_OWNERS,
@@ -183,7 +195,8 @@ class TrainedModelConfig(dg.Config, TrainConfig):
         "one CPU replica otherwise; early stopping on the validation split; resumable checkpoints) and evaluated "
         "on the test split. Writes `<lake>/trained_model/model.keras` (float32 pixels 0..255 in, softmax out) and "
         "model_info.json; one MLflow run with datasets, metrics, plots and hardware baseline; the registered "
-        "version gets the alias `candidate`."
+        "version gets the alias `candidate`. With `use_searched_hyperparameters` it takes learning rate, dropout and "
+        "batch size from hyperparameter_search's best_config.json; its metadata says whether it did."
     ),
 )
 def trained_model(
@@ -197,15 +210,15 @@ def trained_model(
 
     from dgx_assets import settings
     from dgx_assets.training.config import ModelConfigError
-    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
+    from dgx_assets.training.dataset import FeatureDataError, current_features
     from dgx_assets.training.outputs import model_info, write_model_outputs
     from dgx_assets.training.tracking import DagsterLineage, TrackingConfigError, train_and_track
 
     store = lake.lake
-    partitions = store.partitions("image_features")
-    paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
-    if not paths:
-        raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
+    try:
+        files, partitions, _ = current_features(store)
+    except FeatureDataError as error:
+        raise dg.Failure(str(error)) from error
     tracking = mlflow.tracking_config()
     lineage = DagsterLineage(
         run_id=context.run_id,
@@ -215,7 +228,7 @@ def trained_model(
         job_name=context.job_name,
     )
     checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
-    context.log.info(f"Training on {len(paths)} files of {len(partitions)} image_features partitions")
+    context.log.info(f"Training on {len(files.paths)} files of image_features {partitions} (snapshot {files.snapshot_id})")
     train_config = config.train_config()
     from dgx_assets.training.distributed import resolve_distribution
 
@@ -229,6 +242,7 @@ def trained_model(
         trainer = functools.partial(train_on_spark, spark.spark_session)
         context.log.info("Training on Spark executors (barrier stage, MultiWorkerMirroredStrategy)")
     train_config = train_config.model_copy(update={"distribution": distribution})
+    searched = None
     if config.use_searched_hyperparameters:
         from dgx_assets.tuning.best_config import apply_best_config
 
@@ -239,8 +253,8 @@ def trained_model(
         context.log.info(f"Searched hyperparameters {searched['hyperparameters']} (MLflow run {searched['mlflow_run_id']})")
     try:
         tracked = train_and_track(
-            FeatureFiles(store.fs, tuple(paths)),
-            store.asset_uri("image_features"),
+            files,
+            store.tables.table("image_features").location(),
             train_config,
             tracking,
             checkpoints,
@@ -251,7 +265,7 @@ def trained_model(
     except (ModelConfigError, TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error
 
-    info = model_info(tracked, tracking.tracking_uri, store, partitions)
+    info = model_info(tracked, tracking.tracking_uri, store, list(partitions), files.snapshot_id)
     folder = write_model_outputs(store, tracked, info)
     from dgx_assets import links
 
@@ -271,7 +285,7 @@ def trained_model(
             "test_macro_f1": metadata.number(metrics["macro_f1"]),
             "confusion_matrix": metadata.confusion(tracked.training.test.confusion_matrix, tracked.training.class_names),
             "epochs_run": len(tracked.training.epochs),
-            "best_epoch": tracked.training.best_epoch,
+            "best_epoch": human_epoch(tracked.training.best_epoch),  # counted from 1, as people count
             "resumed_from_epoch": tracked.training.resumed_from_epoch,
             "training_seconds": round(tracked.training.seconds, 1),
             "hardware": f"{tracked.hardware['kind']}: "
@@ -279,6 +293,19 @@ def trained_model(
             "strategy": f"{tracked.training.strategy} x{tracked.training.replicas} ({tracked.training.precision_policy})",
             "partitions": ", ".join(partitions),
             "data_digest": tracked.data_digest,
+            "image_features_snapshot_id": str(files.snapshot_id),
+            **searched_metadata(searched),
             "path": dg.MetadataValue.path(folder),
         }
     )
+
+
+def searched_metadata(searched: Optional[dict]) -> dict:
+    """Whether trained_model took hyperparameter_search's recipe and, if so, which values from which search."""
+    if searched is None:
+        return {"used_searched_hyperparameters": False}
+    return {
+        "used_searched_hyperparameters": True,
+        "searched_hyperparameters": dg.MetadataValue.json(searched["hyperparameters"]),
+        "hyperparameter_search_mlflow_run_id": str(searched.get("mlflow_run_id", "")),
+    }

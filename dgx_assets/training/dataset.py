@@ -29,13 +29,31 @@ class FeatureDataError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class FeatureFiles:
-    """The exact Parquet files a training run reads, on one filesystem."""
+    """The exact Parquet files a training run reads, on one filesystem: the data files of one snapshot of the
+    image_features table (`of_snapshot`), named in the run's lineage so the same set can be read again."""
 
     filesystem: pafs.FileSystem
     paths: tuple[str, ...]
+    table: str | None = None  # the Iceberg table, dgx.<name>
+    snapshot_id: int | None = None
+
+    @classmethod
+    def of_snapshot(cls, snapshot: Any) -> FeatureFiles:
+        """The files of a `catalog.TableSnapshot` (`Lake(root).tables.snapshot("image_features", snapshot_id)`)."""
+        from dgx_assets.catalog import NAMESPACE
+
+        return cls(snapshot.filesystem, snapshot.paths, f"{NAMESPACE}.{snapshot.table}", snapshot.snapshot_id)
 
     def dataset(self) -> pads.Dataset:
         return pads.dataset(list(self.paths), filesystem=self.filesystem, format="parquet")
+
+
+def current_features(lake: Any) -> tuple[FeatureFiles, tuple[str, ...], Any]:
+    """The current snapshot of the image_features table: its files, its batches and the `catalog.TableSnapshot`."""
+    snapshot = lake.tables.snapshot("image_features")
+    if not snapshot.uris:
+        raise FeatureDataError("the table image_features holds no data: materialize image_features first")
+    return FeatureFiles.of_snapshot(snapshot), tuple(lake.tables.partitions("image_features", snapshot.snapshot_id)), snapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +153,16 @@ def make_dataset(
     seed: int = 0,
     shuffle_buffer: int = 2048,
     shard: Shard | None = None,
+    soft_targets: str | None = None,
 ) -> Any:
     """Batches of (float32 pixels 0..255, int32 label index) for ``split`` (of one ``shard`` of it: then of
-    unknown length)."""
+    unknown length). With ``soft_targets``, the name of a column holding each row's probability of the
+    positive class, the second element is float32 [rows, 2] class probabilities instead."""
     import tensorflow as tf
 
     class_names = pa.array(index.class_names, pa.string())
+    columns = ["tensor", "label", *([soft_targets] if soft_targets else [])]
+    targets = _soft_targets(index, soft_targets) if soft_targets else lambda batch: _label_ids(batch.column("label"), class_names)
     scan_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
     shape = index.tensor_shape
     epochs = iter(range(1 << 30))
@@ -152,20 +174,20 @@ def make_dataset(
         if shuffle:
             rng.shuffle(paths)
         if shard is not None:
-            batches = shard.record_batches(files, paths, ["tensor", "label"], scan_filter)
+            batches = shard.record_batches(files, paths, columns, scan_filter)
         else:
             batches = pads.dataset(paths, filesystem=files.filesystem, format="parquet").to_batches(
-                columns=["tensor", "label"], filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False
+                columns=columns, filter=scan_filter, batch_size=_SCAN_ROWS, use_threads=False
             )
         for batch in batches:
             if batch.num_rows:
-                yield _pixel_block(batch.column("tensor"), shape), _label_ids(batch.column("label"), class_names)
+                yield _pixel_block(batch.column("tensor"), shape), targets(batch)
 
     # Whole record batches cross into TensorFlow and unbatch() splits them there: a Python call and an
     # array per image cost three times the CPU of reading from memory, and that CPU is the model's.
+    target_spec = tf.TensorSpec((None, len(index.class_names)), tf.float32) if soft_targets else tf.TensorSpec((None,), tf.int32)
     data = tf.data.Dataset.from_generator(
-        record_batches,
-        output_signature=(tf.TensorSpec((None, *shape), tf.uint8), tf.TensorSpec((None,), tf.int32)),
+        record_batches, output_signature=(tf.TensorSpec((None, *shape), tf.uint8), target_spec)
     ).unbatch()
     if shard is None:
         data = data.apply(tf.data.experimental.assert_cardinality(index.rows(split)))
@@ -174,6 +196,29 @@ def make_dataset(
 
     step = model_input_step(shape, augment, seed)
     return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _soft_targets(index: FeatureIndex, column: str):
+    """[rows, 2] class probabilities from a column of P(positive class), for graded labels (ELPV's experts:
+    0, 1/3, 2/3, 1)."""
+    from dgx_assets.training.decision import positive_index
+
+    positive = positive_index(index.class_names)
+    if positive is None:
+        raise FeatureDataError(f"soft targets need two classes, image_features has {list(index.class_names)}")
+
+    def targets(batch: pa.RecordBatch) -> np.ndarray:
+        values = batch.column(column)
+        if values.null_count:
+            raise FeatureDataError(f"{values.null_count} rows have no {column!r}: every row needs its soft target")
+        p = values.to_numpy(zero_copy_only=False).astype(np.float32)
+        if not ((p >= 0) & (p <= 1)).all():
+            raise FeatureDataError(f"{column!r} holds values outside [0, 1]: it must be a probability")
+        out = np.empty((len(p), 2), np.float32)
+        out[:, positive], out[:, 1 - positive] = p, 1 - p
+        return out
+
+    return targets
 
 
 def read_embeddings(

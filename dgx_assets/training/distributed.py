@@ -188,9 +188,11 @@ def train_on_spark(
     for epoch in chief["epochs"]:  # the workers' epochs reach MLflow once the stage is done
         if on_epoch_end:
             on_epoch_end(epoch, {key: values[chief["epochs"].index(epoch)] for key, values in chief["history"].items()})
-    from dgx_assets.training.train import evaluate
+    from dgx_assets.training.train import choose_decision, evaluate
 
-    test = evaluate(model, make_dataset(files, index, "test", config.batch_size * chief["replicas"]), index)
+    batch = config.batch_size * chief["replicas"]
+    decision = choose_decision(model, files, index, config, batch)  # on the driver, as single training does
+    test = evaluate(model, make_dataset(files, index, "test", batch), index, decision)
     worker_reports = sorted((report["worker"] for report in reports), key=lambda w: w.index)
     class_weights = index.class_weights() if config.class_weighting else None
     return DistributedTrainingResult(
@@ -209,6 +211,7 @@ def train_on_spark(
         class_weights={name: round((class_weights or {}).get(i, 1.0), 6) for i, name in enumerate(index.class_names)},
         seconds=time.monotonic() - started,
         head_warm_start=chief["head_warm_start"],
+        decision=decision,
         workers=worker_reports,
         stage_attempt=_stage_attempt(sc, chief["worker"].stage),
         sharding=sharding,
@@ -373,8 +376,9 @@ def _run_worker(spec_path: str) -> None:
         seed=config.seed,
         shuffle_buffer=config.shuffle_buffer,
         shard=shard,
+        soft_targets=config.soft_targets,
     )
-    validation_data = make_dataset(job.files, index, "validation", global_batch)
+    validation_data = make_dataset(job.files, index, "validation", global_batch, soft_targets=config.soft_targets)
 
     _work_around_keras_multi_worker(model, strategy, next(iter(validation_data.take(1))))
     counter, checkpoint = _worker_callbacks(checkpoints, worker == CHIEF, Path(spec["out"]) / "checkpoint")

@@ -18,7 +18,7 @@ import functools
 import io
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -27,15 +27,19 @@ import pyarrow as pa
 from dgx_assets.ingest import images
 from dgx_assets.training.config import FeatureConfig
 
+if TYPE_CHECKING:
+    from dgx_assets.catalog import TableSnapshot
+
 # Columns read from raw_images (the split is raw_images' stable one, from the content hash). Like raw_images,
-# image_features does not store `batch` in its files: it is the hive folder `batch=<key>`.
-RAW_COLUMNS = ["path", "label", "sha256", "width", "height", "split", "content"]
+# image_features stores `batch`, its Iceberg partition column, in its files.
+RAW_COLUMNS = ["path", "batch", "label", "sha256", "width", "height", "split", "content"]
 TASK_BYTES = 128 * 1024 * 1024  # raw bytes one feature task reads, at most, when row groups allow
 
 FEATURE_SCHEMA = pa.schema(
     [
         ("sha256", pa.string()),  # id of the image (content hash)
         ("path", pa.string()),
+        ("batch", pa.string()),  # the landing batch (partition)
         ("label", pa.string()),
         ("split", pa.string()),  # train / validation / test
         ("source_width", pa.int32()),
@@ -72,6 +76,7 @@ def compute_features(rows: pd.DataFrame, config: FeatureConfig, device_label: st
         {
             "sha256": rows["sha256"].astype(str),
             "path": rows["path"].astype(str),
+            "batch": rows["batch"].astype(str),
             "label": rows["label"].astype(str),
             "split": rows["split"].astype(str),
             "source_width": rows["width"].astype("Int32"),
@@ -117,7 +122,7 @@ def compute_features(rows: pd.DataFrame, config: FeatureConfig, device_label: st
 class RowGroup(NamedTuple):
     """One row group of a raw_images file: the unit a feature task reads."""
 
-    path: str  # inside the raw table's filesystem
+    uri: str  # the data file, as the raw table's snapshot names it
     index: int
     valid_rows: int
     bytes: int
@@ -132,17 +137,15 @@ class FeatureJobSummary:
     tensor_shape: list[int]
 
 
-def plan_row_groups(raw_uri: str) -> list[RowGroup]:
-    """The row groups of a raw_images partition that hold valid rows, in file order, from the files' footers
-    and `status` columns (a few bytes per row: the content is not read here)."""
+def plan_row_groups(raw: TableSnapshot) -> list[RowGroup]:
+    """The row groups of a raw_images snapshot's files that hold valid rows, in file order, from the files'
+    footers and `status` columns (a few bytes per row: the content is not read here)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from dgx_assets.lake import filesystem_for, visible_files
-
-    fs, root = filesystem_for(raw_uri)
+    fs = raw.filesystem
     groups = []
-    for path in visible_files(fs, root, ".parquet"):
+    for uri, path in zip(raw.uris, raw.paths):
         with fs.open_input_file(path) as handle:
             parquet = pq.ParquetFile(handle)
             missing = [c for c in RAW_COLUMNS + ["status"] if c not in parquet.schema_arrow.names]
@@ -152,68 +155,69 @@ def plan_row_groups(raw_uri: str) -> list[RowGroup]:
                 status = parquet.read_row_group(index, columns=["status"]).column("status")
                 valid = pc.sum(pc.equal(status, images.VALID)).as_py() or 0
                 if valid:
-                    groups.append(RowGroup(path, index, valid, parquet.metadata.row_group(index).total_byte_size))
+                    groups.append(RowGroup(uri, index, valid, parquet.metadata.row_group(index).total_byte_size))
     return groups
 
 
-def build_image_features(spark: Any, raw_uri: str, output_uri: str, config: FeatureConfig) -> FeatureJobSummary:
-    """Spark job: features for the valid rows of one raw_images partition, written as Parquet to output_uri.
+def build_image_features(
+    spark: Any, raw: TableSnapshot, output_uri: str, config: FeatureConfig, writer: str = "arrow"
+) -> tuple[FeatureJobSummary, list[str]]:
+    """Spark job: features for the valid rows of a raw_images snapshot's files (one batch's), written as Parquet
+    files into the new folder output_uri; returns the counts and the files, for the table's commit.
 
     The driver plans from the raw files' footers; each task's Python worker reads its row groups itself
-    (the JVM never carries the raw image bytes), and Spark writes the feature rows. The counts come from
-    the plan and from metrics observed while the rows stream out, in the same job.
+    (the JVM never carries the raw image bytes), and the table writer writes the feature rows. The counts come
+    from the plan and from metrics observed while the rows stream out, in the same job.
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from dgx_assets.spark.chunks import map_chunks, pack
-    from dgx_assets.spark.parquet import image_table_options
+    from dgx_assets.spark.table_writer import write_table_files
 
     config.check()
-    groups = plan_row_groups(raw_uri)
+    groups = plan_row_groups(raw)
     valid_rows = sum(group.valid_rows for group in groups)
     if not valid_rows:
-        return FeatureJobSummary(0, 0, 0, [], list(config.tensor_shape))
+        return FeatureJobSummary(0, 0, 0, [], list(config.tensor_shape)), []
     # Twice the task slots, so that row groups of uneven size still balance; a row group is the smallest task.
     chunks = pack(groups, lambda group: group.bytes, TASK_BYTES, 2 * spark.sparkContext.defaultParallelism)
     written = Observation("image_features")
-    features = map_chunks(
-        spark, chunks, functools.partial(features_of_row_groups, raw_uri=raw_uri, config=config), FEATURE_SCHEMA
-    ).observe(
+    features = map_chunks(spark, chunks, functools.partial(features_of_row_groups, config=config), FEATURE_SCHEMA).observe(
         written,
         F.count(F.lit(1)).alias("rows"),
         F.count_if(F.col("feature_status") == "error").alias("failed"),
         F.array_sort(F.collect_set("feature_device")).alias("devices"),
     )
-    features.write.mode("overwrite").options(**image_table_options("tensor")).parquet(output_uri)
+    files = write_table_files(features, output_uri, FEATURE_SCHEMA, ("tensor",), "zstd", writer)
 
     counts = written.get
     if counts["rows"] != valid_rows:
         raise RuntimeError(f"feature job wrote {counts['rows']} rows for {valid_rows} valid raw rows")
-    return FeatureJobSummary(
+    summary = FeatureJobSummary(
         valid_rows=valid_rows,
         feature_rows=counts["rows"],
         failed_rows=counts["failed"],
         devices=list(counts["devices"]),
         tensor_shape=list(config.tensor_shape),
     )
+    return summary, files
 
 
-def features_of_row_groups(groups: list[RowGroup], raw_uri: str, config: FeatureConfig) -> Iterator[pa.RecordBatch]:
+def features_of_row_groups(groups: list[RowGroup], config: FeatureConfig) -> Iterator[pa.RecordBatch]:
     """Task body, in a Spark Python worker: bind to the task's GPU (before TensorFlow's first import in the
     worker), then read each row group's valid rows and yield their features, `batch_rows` at a time."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from dgx_assets.lake import worker_filesystem
+    from dgx_assets.lake import path_of, worker_filesystem
     from dgx_assets.spark.gpu import bind_task_gpus, describe_device
 
     binding = bind_task_gpus()
     tf = binding.tensorflow()
     device = describe_device(binding, tf)
-    fs = worker_filesystem(raw_uri)
     for group in groups:
-        with fs.open_input_file(group.path) as handle:
+        with worker_filesystem(group.uri).open_input_file(path_of(group.uri)) as handle:
             rows = pq.ParquetFile(handle).read_row_group(group.index, columns=RAW_COLUMNS + ["status"])
         valid = rows.filter(pc.equal(rows.column("status"), images.VALID)).select(RAW_COLUMNS)
         del rows

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dgx_assets.training.config import human_epoch
+
 if TYPE_CHECKING:
     from dgx_assets.training.train import TrainingResult
 
@@ -43,9 +45,10 @@ def figures(result: TrainingResult) -> dict[str, Any]:
     for key, ax in (("loss", loss_ax), ("accuracy", acc_ax)):
         for prefix in ("", "val_"):
             if prefix + key in result.history:
-                ax.plot(result.epochs, result.history[prefix + key], marker="o", label=prefix + key)
+                ax.plot([human_epoch(e) for e in result.epochs], result.history[prefix + key], marker="o", label=prefix + key)
         if result.best_epoch is not None:  # the weights the model keeps
-            ax.axvline(result.best_epoch, color="#c33", linestyle="--", label=f"best epoch ({result.best_epoch})")
+            best = human_epoch(result.best_epoch)
+            ax.axvline(best, color="#c33", linestyle="--", label=f"best epoch ({best})")
         ax.set_xlabel("epoch")
         ax.set_title(key)
         ax.legend()

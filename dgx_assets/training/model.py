@@ -77,10 +77,39 @@ def build_classifier(config: ModelConfig, input_shape: tuple[int, int, int], num
     return keras.Model(pixels, outputs, name=f"defect_classifier_{config.backbone}")
 
 
+VIEWS_SUFFIX = "_dihedral_views"
+
+
+def with_dihedral_views(classifier: Any) -> Any:
+    """The classifier deciding on the mean of its probabilities over the 8 flips and quarter turns of a square
+    image: test-time augmentation inside the graph, so the saved model, the edge model and Triton all do it (at
+    8 times the inference cost). Flips, transposes and an Average layer: plain Keras, plain TFLite ops."""
+    import keras
+
+    height, width, _ = classifier.input_shape[1:]
+    if height != width:
+        raise ModelConfigError(f"test_time_augmentation needs square inputs, got {height}x{width} (setting 'image_height')")
+    pixels = keras.Input(classifier.input_shape[1:], name=INPUT_NAME)
+    image, views = pixels, []
+    for _ in range(4):
+        views += [image, keras.ops.flip(image, axis=2)]
+        image = keras.ops.flip(keras.ops.transpose(image, (0, 2, 1, 3)), axis=2)  # a quarter turn
+    mean = keras.layers.Average(name=OUTPUT_NAME)([classifier(view) for view in views])
+    return keras.Model(pixels, mean, name=classifier.name + VIEWS_SUFFIX)
+
+
+def single_view(model: Any) -> Any:
+    """The classifier inside a `with_dihedral_views` model (the model itself otherwise)."""
+    if not model.name.endswith(VIEWS_SUFFIX):
+        return model
+    return model.get_layer(model.name.removesuffix(VIEWS_SUFFIX))
+
+
 def embedding_model(classifier: Any) -> Any:
     """The classifier cut at its pooled features."""
     import keras
 
+    classifier = single_view(classifier)  # a saved classifier may average the dihedral views
     return keras.Model(classifier.inputs, classifier.get_layer(EMBEDDING_LAYER).output)
 
 

@@ -45,7 +45,9 @@ def lake_uri_of(lake: Lake, fs_path: str) -> str:
     return lake.uri(relative) if not relative.startswith("..") else fs_path
 
 
-def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_keys: list[str]) -> dict[str, Any]:
+def model_info(
+    tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_keys: list[str], snapshot_id: int | None = None
+) -> dict[str, Any]:
     result = tracked.training
     feature_uris = [lake_uri_of(lake, entry.path) for entry in tracked.files]
     return {
@@ -54,6 +56,9 @@ def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_k
         "input_dtype": "float32",
         "input_range": [0, 255],
         "output": "softmax probabilities in class_names order",
+        # How probabilities become a class (threshold on P(positive), dihedral views): the edge model, its
+        # runtime, the Triton repository and the report decide the same way.
+        "decision": result.decision.to_dict(),
         "model_file": MODEL_FILE,
         "mlflow_run_id": tracked.run_id,
         "mlflow_experiment_id": tracked.experiment_id,
@@ -70,6 +75,9 @@ def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_k
         "feature_files": feature_uris,
         "feature_file_sha256": {uri: entry.sha256 for uri, entry in zip(feature_uris, tracked.files)},
         "feature_partitions": partition_keys,
+        # The image_features snapshot the files belong to: `dgx-assets lake export image_features --snapshot <id>`.
+        "feature_table": "dgx.image_features",
+        "feature_snapshot_id": str(snapshot_id) if snapshot_id is not None else None,
         "data_digest": tracked.data_digest,
         "split_counts": result.split_counts,
         "epochs_run": result.epochs,
@@ -87,8 +95,8 @@ def model_info(tracked: TrackedModel, tracking_uri: str, lake: Lake, partition_k
 def write_model_outputs(lake: Lake, tracked: TrackedModel, info: dict[str, Any]) -> str:
     """Write model.keras and model_info.json aside, then swap them in; returns the folder URI."""
     final = lake.asset_uri(TRAINED_MODEL_ASSET)
-    # A hidden sibling of the asset folder: Lake.staging_uri(asset) without a partition points *inside*
-    # the folder that commit replaces, which would move the staging copy aside with the old version.
+    # A hidden sibling of the asset folder (inside it, the swap would move it aside with the old version);
+    # lake maintenance sweeps the one a killed run leaves.
     staging = lake.uri(f".staging-{TRAINED_MODEL_ASSET}-{uuid.uuid4().hex[:12]}")
     with tempfile.TemporaryDirectory(prefix="trained_model-") as tmp:
         local = Path(tmp) / MODEL_FILE

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dgx_assets import links
+from dgx_assets.progress import log_progress
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
     FileEntry,
@@ -34,7 +35,7 @@ from dgx_assets.tracking.store import (
     check_tracking_uri,
     run_url,
 )
-from dgx_assets.training.config import TrainConfig
+from dgx_assets.training.config import TrainConfig, human_epoch
 from dgx_assets.training.dataset import FeatureFiles, scan_features
 from dgx_assets.training.train import TrainingResult, train_classifier
 
@@ -132,14 +133,15 @@ def train_and_track(
                 "partitions": list(lineage.partition_keys)[:200],
                 "sha256": digest,
             }
-            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", features_uri, digest, profile)
+            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", files, features_uri, digest, profile)
             mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
 
         def log_epoch(epoch: int, values: dict[str, float]) -> None:
             now = int(time.time() * 1000)
             metrics = [Metric(key, value, now, epoch) for key, value in values.items() if math.isfinite(value)]
             client.log_batch(run_id, metrics=metrics)
-            say(f"epoch {epoch}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(values.items())))
+            text = f"epoch {human_epoch(epoch)}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(values.items()))
+            log_progress(say, text, "epoch", epoch=human_epoch(epoch), metrics=dict(sorted(values.items())))
 
         result = (trainer or train_classifier)(files, config, checkpoint_dir, on_epoch_end=log_epoch, index=index)
 
@@ -162,8 +164,9 @@ def train_and_track(
         mlflow.set_tags(
             {
                 "dgx.resumed_from_epoch": str(result.resumed_from_epoch),
-                "dgx.best_epoch": str(result.best_epoch),
+                "dgx.best_epoch": str(human_epoch(result.best_epoch)),
                 "dgx.class_names": json.dumps(result.class_names),
+                "dgx.decision": json.dumps(result.decision.to_dict()),
             }
         )
         mlflow.log_dict(
@@ -242,7 +245,7 @@ def _describe(
         f"Defect classifier ({', '.join(result.class_names)}) made by {made_by} materializing `{lineage.asset_key}` "
         f"on the image_features batches {partitions}. Test accuracy {metrics.get('accuracy', float('nan')):.1%} "
         f"(majority baseline {metrics.get('majority_baseline_accuracy', float('nan')):.1%}), macro-F1 "
-        f"{metrics.get('macro_f1', float('nan')):.3f}; best epoch {result.best_epoch}."
+        f"{metrics.get('macro_f1', float('nan')):.3f}; best epoch {human_epoch(result.best_epoch)} of {len(result.epochs)}."
     )
     client.set_tag(run_id, DESCRIPTION_TAG, summary)
     client.update_model_version(

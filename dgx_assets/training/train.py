@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from dgx_assets.training import decision as decision_rules
 from dgx_assets.training.config import EFFICIENTNET_LITE0, TrainConfig
 from dgx_assets.training.dataset import (
     FeatureFiles,
@@ -25,7 +26,8 @@ from dgx_assets.training.dataset import (
     read_embeddings,
     scan_features,
 )
-from dgx_assets.training.model import OUTPUT_NAME, build_classifier, embedding_model
+from dgx_assets.training.decision import Decision
+from dgx_assets.training.model import OUTPUT_NAME, build_classifier, embedding_model, with_dihedral_views
 
 
 @dataclasses.dataclass
@@ -44,7 +46,7 @@ class TrainingResult:
     history: dict[str, list[float]]  # per-epoch metrics of this process's epochs
     epochs: list[int]  # epoch indices run in this process (starts > 0 after a resume)
     resumed_from_epoch: int  # 0 unless a checkpoint was restored
-    best_epoch: int | None
+    best_epoch: int | None  # Keras' 0-based index; people read it as `best_epoch + 1` (`human_epoch`)
     test: TestEvaluation
     strategy: str
     replicas: int
@@ -52,6 +54,7 @@ class TrainingResult:
     split_counts: dict[str, dict[str, int]]
     class_weights: dict[str, float]
     seconds: float
+    decision: Decision = Decision()
     head_warm_start: HeadStart | None = None
 
     @property
@@ -110,8 +113,9 @@ def train_classifier(
         augment=config.augment,
         seed=config.seed,
         shuffle_buffer=config.shuffle_buffer,
+        soft_targets=config.soft_targets,
     )
-    validation_data = make_dataset(files, index, "validation", global_batch)
+    validation_data = make_dataset(files, index, "validation", global_batch, soft_targets=config.soft_targets)
     recorder = _epoch_recorder(on_epoch_end)
     early_stopping = _early_stopping(config)
     callbacks = [
@@ -140,7 +144,10 @@ def train_classifier(
     if early_stopping.best_epoch is not None and early_stopping.best_weights is not None:
         best_epoch = int(early_stopping.best_epoch)
 
-    test = evaluate(model, make_dataset(files, index, "test", global_batch), index)
+    if config.test_time_augmentation:
+        model = with_dihedral_views(model)
+    decision = choose_decision(model, files, index, config, global_batch)
+    test = evaluate(model, make_dataset(files, index, "test", global_batch), index, decision)
     return TrainingResult(
         head_warm_start=head_start,
         model=model,
@@ -157,6 +164,7 @@ def train_classifier(
         split_counts=index.counts,
         class_weights={name: round((class_weights or {}).get(i, 1.0), 6) for i, name in enumerate(index.class_names)},
         seconds=time.monotonic() - started,
+        decision=decision,
     )
 
 
@@ -169,10 +177,13 @@ def compiled_classifier(config: TrainConfig, index: FeatureIndex, strategy: Any,
     try:
         with strategy.scope():
             model = build_classifier(config.model, index.tensor_shape, len(index.class_names))
+            soft = config.soft_targets is not None  # class probabilities instead of class indices
             model.compile(
                 optimizer=keras.optimizers.Adam(config.learning_rate),
-                loss=keras.losses.SparseCategoricalCrossentropy(),
-                metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                loss=keras.losses.CategoricalCrossentropy() if soft else keras.losses.SparseCategoricalCrossentropy(),
+                metrics=[
+                    (keras.metrics.CategoricalAccuracy if soft else keras.metrics.SparseCategoricalAccuracy)(name="accuracy")
+                ],
             )
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
@@ -236,24 +247,43 @@ def warm_start_head(model: Any, files: FeatureFiles, index: FeatureIndex, seed: 
     return HeadStart(True, f"logistic regression on {len(labels)} stored embeddings", float(head.score(vectors, labels)))
 
 
-def evaluate(model: Any, test_data: Any, index: FeatureIndex) -> TestEvaluation:
-    """Accuracy, per-class precision/recall/F1, ROC AUC, confusion matrix and the majority baseline."""
+def split_predictions(model: Any, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, probabilities) of every image of a split's dataset."""
     labels, probabilities = [], []
-    for images, batch_labels in test_data:
+    for images, batch_labels in data:
         probabilities.append(np.asarray(model(images, training=False), dtype=np.float64))
         labels.append(batch_labels.numpy())
-    y_true = np.concatenate(labels)
-    probs = np.concatenate(probabilities)
-    return classification_report(y_true, probs, list(index.class_names), index.label_counts("train"))
+    return np.concatenate(labels), np.concatenate(probabilities)
+
+
+def choose_decision(model: Any, files: FeatureFiles, index: FeatureIndex, config: TrainConfig, batch: int) -> Decision:
+    """The decision rule of this config (the model already has the dihedral views in its graph when asked for);
+    the threshold, when tuned, from the validation split."""
+    positive = decision_rules.positive_index(index.class_names)
+    if not config.tune_threshold or positive is None:
+        return Decision(config.test_time_augmentation, None, positive)
+    labels, probabilities = split_predictions(model, make_dataset(files, index, "validation", batch))
+    return Decision(config.test_time_augmentation, decision_rules.choose_threshold(labels, probabilities, positive), positive)
+
+
+def evaluate(model: Any, test_data: Any, index: FeatureIndex, decision: Decision | None = None) -> TestEvaluation:
+    """Accuracy, per-class precision/recall/F1, ROC AUC, confusion matrix and the majority baseline."""
+    decision = decision or Decision()
+    y_true, probs = split_predictions(model, test_data)
+    return classification_report(y_true, probs, list(index.class_names), index.label_counts("train"), decision)
 
 
 def classification_report(
-    y_true: np.ndarray, probabilities: np.ndarray, class_names: list[str], train_label_counts: list[int]
+    y_true: np.ndarray,
+    probabilities: np.ndarray,
+    class_names: list[str],
+    train_label_counts: list[int],
+    decision: Decision | None = None,
 ) -> TestEvaluation:
     from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, roc_auc_score
 
     classes = list(range(len(class_names)))
-    y_pred = probabilities.argmax(axis=1)
+    y_pred = decision_rules.decide(probabilities, *((decision.threshold, decision.positive_index) if decision else (None, None)))
     precision, recall, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=classes, zero_division=0)
     # "Better than guessing": always predict the most common training label.
     majority = int(np.argmax(train_label_counts))

@@ -1,34 +1,26 @@
 """hyperparameter_search: the Dagster layer over tuning/tracking.py (no ray, pyspark or MLflow import here)."""
 
 import dagster as dg
-from pydantic import Field
 
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
+from dgx_assets.tuning.config import SearchConfig, SearchConfigError
 
 # Assets with this tag are left out of `make demo` (they need an extra or take long); materialize them by hand.
 OPTIONAL_TAG = {"dgx/optional": "true"}
 
 
-class HyperparameterSearchConfig(dg.Config):
-    num_samples: int = Field(12, description="Trials")
-    max_epochs: int = Field(20, description="Epochs per trial unless ASHA stops it sooner")
-    grace_period: int = Field(3, description="Epochs every trial gets before ASHA may stop it")
-    reduction_factor: int = Field(3, description="ASHA keeps the best 1/reduction_factor of trials at each rung")
-    learning_rate_min: float = Field(1e-4, description="Lower end of the log-uniform learning-rate range")
-    learning_rate_max: float = Field(3e-2, description="Upper end of the log-uniform learning-rate range")
-    dropout_max: float = Field(0.6, description="Dropout is drawn uniformly from [0, dropout_max]")
-    batch_sizes: list[int] = Field([16, 32, 64], description="Batch sizes to choose from")
-    ray_worker_nodes: int | None = Field(
-        None, description="Ray worker nodes on the Spark executors; empty: one per task slot (at most 8)"
-    )
-    seed: int = Field(42, description="Seeds the search and every trial")
+class HyperparameterSearchConfig(dg.Config, SearchConfig):
+    """The launchpad's fields are SearchConfig's (tuning/config.py); the asset adds none of its own."""
+
+    def search_config(self) -> SearchConfig:
+        return SearchConfig(**self.model_dump(include=set(SearchConfig.model_fields)))
 
 
 # Searches trained_model's head recipe with Ray Tune on a Ray cluster living on the run's Spark executors; writes the best.
 @dg.asset(
     deps=[dg.AssetDep("image_features", partition_mapping=dg.AllPartitionMapping())],
-    group_name="tuning",
+    group_name="model",
     kinds={"spark", "ray", "mlflow"},
     owners=["team:ml-platform"],
     tags=OPTIONAL_TAG,
@@ -48,22 +40,25 @@ def hyperparameter_search(
     lake: LakeResource,
     mlflow: MlflowResource,
 ) -> dg.MaterializeResult:
+    search = config.search_config()
+    try:  # a wrong setting is told before anything starts, with or without Ray
+        search.check()
+    except SearchConfigError as error:
+        raise dg.Failure(str(error)) from error
     try:
         import ray  # noqa: F401
     except ImportError as error:
         raise dg.Failure("hyperparameter_search needs Ray: pip install 'dgx_assets[ray]' (ray[tune])") from error
     from dgx_assets.tracking.lineage import DagsterLineage
     from dgx_assets.tracking.store import TrackingConfigError
-    from dgx_assets.training.dataset import FeatureDataError, FeatureFiles
-    from dgx_assets.tuning.search import SearchConfig, SearchConfigError
+    from dgx_assets.training.dataset import FeatureDataError, current_features
     from dgx_assets.tuning.tracking import search_and_track
 
     store = lake.lake
-    partitions = store.partitions("image_features")
-    paths = [path for key in partitions for path in store.data_files(store.asset_uri("image_features", key))]
-    if not paths:
-        raise dg.Failure(f"{store.asset_uri('image_features')} holds no partitions: materialize image_features first")
-    search = SearchConfig(**(config.model_dump() | {"batch_sizes": tuple(config.batch_sizes)}))
+    try:
+        files, partitions, _ = current_features(store)
+    except FeatureDataError as error:
+        raise dg.Failure(str(error)) from error
     tracking = mlflow.tracking_config()
     lineage = DagsterLineage(
         run_id=context.run_id,
@@ -73,9 +68,7 @@ def hyperparameter_search(
         job_name=context.job_name,
     )
     try:
-        tracked = search_and_track(
-            spark.spark_session, FeatureFiles(store.fs, tuple(paths)), store, search, tracking, lineage, log=context.log.info
-        )
+        tracked = search_and_track(spark.spark_session, files, store, search, tracking, lineage, log=context.log.info)
     except (SearchConfigError, TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error
     outcome = tracked.outcome

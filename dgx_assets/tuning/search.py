@@ -23,40 +23,7 @@ from typing import Any
 
 import numpy as np
 
-
-class SearchConfigError(ValueError):
-    """A search setting cannot work; the message names the setting."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchConfig:
-    num_samples: int = 12  # trials
-    max_epochs: int = 20  # per trial, unless ASHA stops it sooner
-    grace_period: int = 3  # epochs every trial gets before ASHA may stop it
-    reduction_factor: int = 3  # ASHA keeps the best 1/reduction_factor at each rung
-    learning_rate_min: float = 1e-4
-    learning_rate_max: float = 3e-2
-    dropout_max: float = 0.6
-    batch_sizes: tuple[int, ...] = (16, 32, 64)
-    ray_worker_nodes: int | None = None  # Ray worker nodes on Spark; None: one per Spark executor slot, at most 8
-    seed: int = 42
-
-    def validate(self) -> None:
-        for name in ("num_samples", "max_epochs", "grace_period"):
-            if getattr(self, name) < 1:
-                raise SearchConfigError(f"{name} must be at least 1 (setting {name!r}), got {getattr(self, name)}")
-        if self.grace_period > self.max_epochs:
-            raise SearchConfigError(f"grace_period ({self.grace_period}) exceeds max_epochs ({self.max_epochs})")
-        if self.reduction_factor < 2:
-            raise SearchConfigError(f"reduction_factor must be at least 2, got {self.reduction_factor}")
-        if not 0 < self.learning_rate_min <= self.learning_rate_max:
-            raise SearchConfigError("need 0 < learning_rate_min <= learning_rate_max (settings 'learning_rate_min/max')")
-        if not 0 <= self.dropout_max < 1:
-            raise SearchConfigError(f"dropout_max must be in [0, 1) (setting 'dropout_max'), got {self.dropout_max}")
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise SearchConfigError(f"batch_sizes must be positive (setting 'batch_sizes'), got {list(self.batch_sizes)}")
-        if self.ray_worker_nodes is not None and self.ray_worker_nodes < 1:
-            raise SearchConfigError(f"ray_worker_nodes must be at least 1, got {self.ray_worker_nodes}")
+from dgx_assets.tuning.config import SearchConfig, SearchConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +154,7 @@ def run_search(spark: Any, data: HeadData, config: SearchConfig, log: Any = None
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    config.validate()
+    config.check()
     nodes = worker_nodes(spark, config)
     space = {
         "learning_rate": tune.loguniform(config.learning_rate_min, config.learning_rate_max),

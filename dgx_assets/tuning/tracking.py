@@ -23,7 +23,8 @@ from dgx_assets.training.dataset import (
     scan_features,
 )
 from dgx_assets.tuning.best_config import SEARCH_ASSET, write_best_config
-from dgx_assets.tuning.search import HeadData, SearchConfig, SearchOutcome, run_search
+from dgx_assets.tuning.config import SearchConfig
+from dgx_assets.tuning.search import HeadData, SearchOutcome, run_search
 
 
 @dataclasses.dataclass
@@ -62,7 +63,7 @@ def search_and_track(
     lineage: DagsterLineage,
     log: Any = None,
 ) -> TrackedSearch:
-    config.validate()
+    config.check()
     check_tracking_uri(tracking.tracking_uri)
     data = head_data(files)
     import mlflow
@@ -74,13 +75,15 @@ def search_and_track(
     with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as parent:
         mlflow.log_params(
             {
-                f"search_{k}": (list(v) if isinstance(v, tuple) else ("" if v is None else v))
-                for k, v in dataclasses.asdict(config).items()
+                f"search_{k}": ("" if v is None else v)
+                for k, v in config.model_dump(include=set(SearchConfig.model_fields)).items()
             }
         )
         profile = {"num_rows": int(len(data.train_y) + len(data.val_y)), "files": len(entries), "sha256": digest}
         mlflow.log_input(
-            feature_dataset("image_features[train+validation]", lake.asset_uri("image_features"), digest, profile),
+            feature_dataset(
+                "image_features[train+validation]", files, lake.tables.table("image_features").location(), digest, profile
+            ),
             context="training",
         )
         outcome = run_search(spark, data, config, log=log)

@@ -128,6 +128,25 @@ def train_raw_images(edge_dataset) -> list[np.ndarray]:
     return list(edge_inputs(edge_dataset, "train").raw_images)
 
 
+@pytest.fixture(scope="session")
+def edge_model_dir(trained_classifier, train_raw_images, tmp_path_factory) -> Path:
+    """What edge_model writes: model.tflite (a real int8 model) carrying its contract, and edge_model.json."""
+    import json
+
+    from dgx_assets.edge.convert import EdgeConversionConfig, convert_to_tflite, describe_tflite
+    from dgx_assets.edge.runtime import CONTRACT_FILE, MODEL_FILE
+    from dgx_assets.edge.tflite_metadata import embed_contract
+
+    config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, representative_samples=100)
+    tflite = convert_to_tflite(trained_classifier.model, config, train_raw_images)
+    spec = describe_tflite(tflite, CLASS_NAMES, config, (MODEL_SIZE, MODEL_SIZE, 1))
+    folder = tmp_path_factory.mktemp("edge_model")
+    contract = {**spec.to_dict(), "format": "int8", "raw_height": RAW_SIZE, "raw_width": RAW_SIZE}
+    (folder / MODEL_FILE).write_bytes(embed_contract(tflite, contract))
+    (folder / CONTRACT_FILE).write_text(json.dumps(contract))
+    return folder
+
+
 @dataclass
 class RegisteredVersion:
     tracking_uri: str

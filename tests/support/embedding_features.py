@@ -1,4 +1,4 @@
-"""image_features partitions with learnable embeddings, written in the asset's own schema (no backbone run)."""
+"""image_features batches with learnable embeddings, committed in the asset's own schema (no backbone run)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dgx_assets.training.features import FEATURE_SCHEMA
+from support.lake_tables import commit_rows
 
 SPLITS = ("train",) * 7 + ("validation", "test", "test")
 DIMS = 16
@@ -33,6 +33,7 @@ def write_embedding_features(
                 {
                     "sha256": sha,
                     "path": f"file:///landing/{key}/{i}.png",
+                    "batch": key,
                     "label": "defective" if defective else "functional",
                     "split": SPLITS[i % len(SPLITS)],
                     "source_width": 4,
@@ -48,8 +49,6 @@ def write_embedding_features(
                     "feature_device": "cpu",
                 }
             )
-        folder = lake_root / "image_features" / f"batch={key}"
-        folder.mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist(records, schema=FEATURE_SCHEMA), folder / "part-0.parquet")
+        commit_rows(lake_root, "image_features", pa.Table.from_pylist(records, schema=FEATURE_SCHEMA), key)
         keys.append(key)
     return keys

@@ -1,5 +1,5 @@
 """A hostile landing zone on the real file system: links out of the zone, into a folder, back to the batch and to
-themselves, a dangling link, a FIFO and a Unix socket, beside one good image."""
+themselves, a dangling link, a FIFO, a Unix socket and a name that is not UTF-8, beside one good image."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ def hostile_batch(landing: Path, outside: Path, batch: str = "hostile"):
     (folder / "self.png").symlink_to(folder / "self.png")  # loops on itself
     (folder / "dangling.png").symlink_to(outside / "nowhere.png")
     os.mkfifo(folder / "fifo.png")  # opening it for reading would block forever
+    with open(os.path.join(os.fsencode(folder), b"latin1-\xe9.png"), "wb") as handle:  # b"\xe9" alone is not UTF-8
+        handle.write(GOOD)
     server = socket.socket(socket.AF_UNIX)
     try:
         server.bind(str(folder / "sock.png"))
@@ -42,6 +44,7 @@ def hostile_batch(landing: Path, outside: Path, batch: str = "hostile"):
             "dangling.png": "symlink",
             "fifo.png": "special_file",
             "sock.png": "special_file",
+            "latin1-\\xe9.png": "bad_name",  # how the row spells it
         }
     finally:
         server.close()

@@ -103,12 +103,20 @@ def synthetic_raw_rows(count: int, batch: str, seed: int = 0, defect_share: floa
     return pd.DataFrame(rows)
 
 
-def write_raw_partition(rows: pd.DataFrame, folder: Path, name: str = "part-00000.parquet") -> Path:
-    """Written as raw_images writes a partition: `batch` lives in the folder name, not in the file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(rows.drop(columns=["batch"]), schema=RAW_SCHEMA, preserve_index=False)
-    pq.write_table(table, folder / name)
-    return folder
+def raw_table(rows: pd.DataFrame) -> pa.Table:
+    """Rows in raw_images' columns (`batch` included: the table's partition column is stored in its files)."""
+    return pa.Table.from_pandas(rows, schema=RAW_SCHEMA, preserve_index=False)
+
+
+def commit_raw_batch(rows: pd.DataFrame | list[pd.DataFrame], lake_root: Path, batch: str, row_group_size: int | None = None):
+    """Committed as raw_images commits a batch (one Iceberg transaction; a list: one file each); returns the
+    batch's files in the new snapshot (`catalog.TableSnapshot`)."""
+    from dgx_assets.lake import Lake
+    from support.lake_tables import commit_rows
+
+    tables = [raw_table(part) for part in rows] if isinstance(rows, list) else raw_table(rows)
+    snapshot_id = commit_rows(lake_root, "raw_images", tables, batch, row_group_size)
+    return Lake(str(lake_root)).tables.snapshot("raw_images", snapshot_id, batch)
 
 
 def write_feature_partitions(root: Path, config, rows_per_batch: int, batches=("b0", "b1")) -> list[Path]:

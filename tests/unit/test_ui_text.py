@@ -33,3 +33,21 @@ def test_every_schedule_and_sensor_is_off_until_turned_on():
     assert {s.name for s in sensors} >= {"landing_zone_sensor", "image_features_automation"}
     assert all(s.default_status == dg.DefaultScheduleStatus.STOPPED for s in schedules)
     assert all(s.default_status == dg.DefaultSensorStatus.STOPPED for s in sensors)
+
+
+def test_every_column_of_every_table_asset_has_a_description():
+    from dgx_assets.generation import table
+    from dgx_assets.generation.assets import COLUMN_DESCRIPTIONS
+    from dgx_assets.ingest.assets import RAW_IMAGES_COLUMNS
+    from dgx_assets.ingest.spark_ingest import RAW_IMAGES_SCHEMA
+    from dgx_assets.training.assets import IMAGE_FEATURES_COLUMNS
+    from dgx_assets.training.features import FEATURE_COLUMNS
+
+    written = {  # what each table's files hold, and `batch`, the hive folder of the partitioned ones
+        "raw_images": (set(RAW_IMAGES_SCHEMA.names) | {"batch"}, RAW_IMAGES_COLUMNS),
+        "image_features": (set(FEATURE_COLUMNS), IMAGE_FEATURES_COLUMNS),
+        "ernie_generated_images": (set(table.COLUMNS), COLUMN_DESCRIPTIONS),
+    }
+    undescribed = {name: sorted(columns - set(descriptions)) for name, (columns, descriptions) in written.items()}
+    assert not {name: columns for name, columns in undescribed.items() if columns}
+    assert all(text.strip() for _, descriptions in written.values() for text in descriptions.values())

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-import torch_files
+from support import torch_files
 
 from dgx_assets.backbones.checkpoint import CheckpointError, read_state_dict
 
@@ -66,3 +69,16 @@ def test_files_that_are_not_checkpoints_give_clear_errors(tmp_path):
     png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
     with pytest.raises(CheckpointError, match="not a PyTorch checkpoint"):
         read_state_dict(png)
+
+
+def test_a_huge_negative_stride_is_refused_instead_of_crashing_the_interpreter(tmp_path):
+    """Was: SIGSEGV, the view reaching 2**42 bytes before its buffer. Read in a child so a crash is a failure."""
+    path = tmp_path / "crash.pth"
+    path.write_bytes(torch_files.zip_checkpoint({"w": torch_files.View(np.zeros(4, np.float32), (2,), stride=(-(2**40),))}))
+    script = (
+        "import sys\nfrom dgx_assets.backbones.checkpoint import CheckpointError, read_state_dict\n"
+        "try:\n    read_state_dict(sys.argv[1])\nexcept CheckpointError as error:\n    print(error)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-2000:]}"
+    assert "tensor 'w': strides[0] must be an integer in 0..2**48" in child.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch_files
+from support import torch_files
 
 from dgx_assets.backbones import efficientnet_lite
 from dgx_assets.backbones.checkpoint import CheckpointError

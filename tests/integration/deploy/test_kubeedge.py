@@ -92,3 +92,25 @@ def test_edge_manifest_pins_the_current_champion_version(registered_version, tmp
         deployment["metadata"]["annotations"]["dgx-assets/registered-model"]
         == f"{registered_version.model_name}/{registered_version.version}"
     )
+
+
+def test_edge_manifest_labels_the_format_edge_model_shipped(registered_version, tmp_path, capsys):  # noqa: F811
+    from mlflow import MlflowClient
+
+    client = MlflowClient(registered_version.tracking_uri)
+    name, version = registered_version.model_name, registered_version.version
+    argv = ["edge-manifest", "--model-name", name, "--version", version, "--out", str(tmp_path / "edge.yaml")]
+    argv += ["--tracking-uri", registered_version.tracking_uri]
+    assert cli.main(argv) == 0 and "no edge model recorded for it" in capsys.readouterr().out
+    assert "dgx-assets/edge-format" not in yaml.safe_load((tmp_path / "edge.yaml").read_text())["metadata"]["labels"]
+
+    # What edge_model records when it builds the version's edge model (edge/build.py, edge/fetch.py).
+    digest = "ab" * 32
+    client.set_tag(registered_version.run_id, "dgx.edge_model.format", "float16")
+    client.set_model_version_tag(name, version, "dgx.edge_model.sha256", digest)
+    assert cli.main(argv) == 0 and "edge format float16" in capsys.readouterr().out
+    deployment = yaml.safe_load((tmp_path / "edge.yaml").read_text())
+    kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+    assert deployment["metadata"]["labels"]["dgx-assets/edge-format"] == "float16"
+    assert deployment["spec"]["template"]["metadata"]["labels"]["dgx-assets/edge-format"] == "float16"
+    assert deployment["metadata"]["annotations"]["dgx-assets/edge-model-sha256"] == digest

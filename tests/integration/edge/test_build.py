@@ -79,24 +79,11 @@ def test_missing_upstream_data_says_what_to_materialize(tmp_path, trained_classi
     with pytest.raises(EdgeBuildError, match="raw_images holds no Parquet files"):
         build_edge_model(lake, EdgeModelConfig())
     with pytest.raises(EdgeBuildError, match="set both raw_height and raw_width"):
-        (tmp_path / "lake" / "raw_images" / "batch=b").mkdir(parents=True)
         import pyarrow as pa
-        import pyarrow.parquet as pq
+        from support.lake_tables import commit_rows
 
-        pq.write_table(
-            pa.table(
-                {
-                    "sha256": ["x"],
-                    "split": ["train"],
-                    "width": [48],
-                    "height": [48],
-                    "status": ["valid"],
-                    "label": ["functional"],
-                    "content": [b""],
-                }
-            ),
-            tmp_path / "lake" / "raw_images" / "batch=b" / "part-0.parquet",
-        )
+        row = {"sha256": ["x"], "batch": ["b"], "split": ["train"], "width": [48], "height": [48], "status": ["valid"]}
+        commit_rows(tmp_path / "lake", "raw_images", pa.table(row | {"label": ["functional"], "content": [b""]}), "b")
         build_edge_model(lake, EdgeModelConfig(raw_height=48))
     with pytest.raises(EdgeBuildError, match="materialize image_features first"):
         build_edge_model(lake, EdgeModelConfig())

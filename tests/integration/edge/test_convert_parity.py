@@ -122,16 +122,16 @@ def test_float16_and_dynamic_range_variants_keep_the_edge_contract(
     assert report.top1_agreement >= 0.99 and evaluate_gate(report).passed
 
 
-def test_mismatched_preprocessing_fails_the_gate_and_blocks_promotion(
+def test_mismatched_preprocessing_fails_the_gate_and_holds_promotion_back(
     trained_classifier, train_raw_images, test_inputs, int8_model, registered_version
 ):
     # "Normalised twice": the device path divides by 255 although the model rescales itself.
     broken = convert(trained_classifier, train_raw_images, input_scale=1 / 255)
     report, _, _ = parity(trained_classifier, test_inputs, broken)
-    gate = evaluate_gate(report, min_agreement=0.99)
+    gate = evaluate_gate(report)
     assert report.top1_agreement < 0.99
     assert report.disagreements > report.disagreements_near_boundary  # wrong on confident images too
-    assert not gate.passed and "agreement" in gate.reasons[0]
+    assert not gate.passed and not gate.criteria[2].passed and gate.criteria[2].value > 0
 
     outcome = promote_if_gates_pass(
         registered_version.tracking_uri,
@@ -146,9 +146,9 @@ def test_mismatched_preprocessing_fails_the_gate_and_blocks_promotion(
     client = MlflowClient(tracking_uri=registered_version.tracking_uri)
     assert current_alias_version(client, registered_version.model_name) is None
     version = client.get_model_version(registered_version.model_name, registered_version.version)
-    assert version.tags["dgx.promotion"] == "blocked"
-    assert "agreement" in version.tags["dgx.gate.edge_parity"]
-    assert client.get_run(registered_version.run_id).data.tags["dgx.promotion"] == "blocked"
+    assert version.tags["dgx.promotion"] == "held back"
+    assert "trained_model decides with a margin of at least" in version.tags["dgx.gate.edge_parity"]
+    assert client.get_run(registered_version.run_id).data.tags["dgx.promotion"] == "held back"
 
     # The correctly converted model passes the same gate, and then the version becomes champion.
     good_report, _, _ = parity(trained_classifier, test_inputs, int8_model)

@@ -1,5 +1,5 @@
 """Real serving processes for the client and generation tests: healthy ones and deliberately faulty ones
-(the real server with the tests' faulty engine, bench/serving_engines.py), all on 127.0.0.1, stopped by PID."""
+(the real server with the tests' faulty engine, tests/support/serving_engines.py), all on 127.0.0.1, stopped by PID."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from support.serving_engines import faulty_args
 
-from bench.serving_engines import faulty_args
 from dgx_assets.generation import launcher
 
 

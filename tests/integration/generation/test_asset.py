@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import pyarrow.parquet as pq
 import pytest
+from support.lake_tables import read_rows
 
 from dgx_assets import settings
 from dgx_assets.generation.assets import ernie_generated_images
@@ -32,8 +32,9 @@ def materialize(resources: dict, run_config: dict | None = None, with_check: boo
 
 
 def table_rows(lake_root: Path) -> list[dict]:
-    table = pq.ParquetDataset([str(p) for p in (lake_root / "ernie_generated_images").glob("*.parquet")]).read()
-    return table.drop_columns(["content"]).to_pylist()
+    return [
+        {key: value for key, value in row.items() if key != "content"} for row in read_rows(lake_root, "ernie_generated_images")
+    ]
 
 
 def server_pids_in_logs() -> set[int]:
@@ -76,10 +77,11 @@ def test_local_mode_launches_two_servers_generates_and_stops_them(tmp_path, spar
     rows = table_rows(lake_root)
     assert len(rows) == 12 and {row["status"] for row in rows} == {"valid"}
     assert len({row["endpoint"] for row in rows}) == 2  # both launched instances did work
-    png_folder = lake_root / "ernie_generated_images" / "png"
+    metadata = result.asset_materializations_for_node("ernie_generated_images")[0].metadata
+    png_folder = Path(metadata["png_folder"].value.removeprefix("file://"))  # this run's, named by its snapshot
+    assert png_folder.parent == lake_root / "ernie_generated_images" / "png"
     assert sorted(p.name for p in png_folder.iterdir()) == sorted(row["file_name"] for row in rows)
     assert all(row["png_path"] == (png_folder / row["file_name"]).as_uri() for row in rows)
-    metadata = result.asset_materializations_for_node("ernie_generated_images")[0].metadata
     assert metadata["status_counts"].value == {"valid": 12} and metadata["reused_from_previous"].value == 0
     check = result.get_asset_check_evaluations()[0]
     assert check.passed and check.metadata["status_counts"].value == {"valid": 12}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import csv
 
 import dagster as dg
-import pyarrow.parquet as pq
 import pytest
 from rogue import RogueServer
+from support.lake_tables import read_rows
 
 from dgx_assets.generation.assets import ernie_generated_images
 from dgx_assets.generation.checks import generation_checks
@@ -45,8 +45,7 @@ def materialize(resources, max_attempts: int = 3):
 
 
 def ids_in(lake_root) -> list:
-    files = [str(p) for p in (lake_root / "ernie_generated_images").glob("*.parquet")]
-    return sorted(pq.ParquetDataset(files).read(columns=["id"]).column("id").to_pylist(), key=str)
+    return sorted((row["id"] for row in read_rows(lake_root, "ernie_generated_images")), key=str)
 
 
 def test_an_empty_prompt_is_its_own_warning_and_ids_stay_the_same(tmp_path, spark_resource, rogue):
@@ -92,3 +91,48 @@ def test_a_failing_blocking_check_says_what_to_fix_in_its_description(tmp_path, 
     assert share.description.startswith("2 of the 4 prompts that could be sent have a valid image")
     assert "'bad_reply': 2" in share.description and "`bad_reply` that they answered" in share.description
     assert share.metadata["what_to_fix"].value == share.description  # the quality report reads either
+
+
+def _generated_table(lake_root, contents: list[bytes]) -> None:
+    """Valid rows of ernie_generated_images (the columns the checks read), committed as the asset commits them."""
+    import pyarrow as pa
+    from support.lake_tables import commit_rows
+
+    ids = [f"p{index:02d}" for index in range(len(contents))]
+    rows = pa.table({"id": ids, "status": ["valid"] * len(ids), "content": contents, "file_name": [f"{i}.png" for i in ids]})
+    commit_rows(lake_root, "ernie_generated_images", rows)
+
+
+def _diversity(lake_root):
+    from dgx_assets.generation.checks import generated_images_diverse
+
+    # The check alone, as "Execute check" runs it on the table in the lake.
+    job = dg.Definitions(
+        assets=[dg.AssetSpec("ernie_generated_images")],
+        asset_checks=[generated_images_diverse],
+        resources={"lake": LakeResource(root=str(lake_root))},
+    ).resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    (evaluation,) = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def test_near_duplicate_images_are_flagged_and_real_cells_are_not(tmp_path):
+    import numpy as np
+    from support.training_data import elpv_raw_rows, png, synthetic_cell
+
+    # Twelve captures of one cell under sensor noise: decodable, and of no use as twelve training images.
+    rng = np.random.default_rng(3)
+    cell = synthetic_cell(rng, defective=True, size=96).astype(float)
+    copies = [png(np.clip(cell + rng.normal(0, 3, cell.shape), 0, 255).astype(np.uint8)) for _ in range(12)]
+    _generated_table(tmp_path / "copies", copies)
+    flagged = _diversity(tmp_path / "copies")
+    assert not flagged.passed and flagged.severity == dg.AssetCheckSeverity.WARN
+    assert flagged.metadata["mean_pairwise_distance"].value < 0.05 and flagged.metadata["min_mean_pairwise_distance"].value == 0.1
+    assert flagged.description.startswith("The generated images are near-duplicates") and "To fix:" in flagged.description
+
+    # Twelve real, different ELPV cells: the same measure finds them varied.
+    _generated_table(tmp_path / "elpv", list(elpv_raw_rows(count=12, batch="x")["content"]))
+    varied = _diversity(tmp_path / "elpv")
+    assert varied.passed and varied.metadata["mean_pairwise_distance"].value > 0.2
+    assert varied.metadata["images_compared"].value == 12 and "| p" in varied.metadata["closest_pairs"].value

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 from support.generation import build_generated_frame
+from support.serving_engines import faulty_args
 
-from bench.serving_engines import faulty_args
 from dgx_assets.generation import rows as prompt_rows
 from dgx_assets.generation.client import ClientSettings, ErnieClient
 from dgx_assets.generation.generate import GenerationJob

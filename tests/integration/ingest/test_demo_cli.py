@@ -3,6 +3,7 @@ not a Dagster stack trace."""
 
 import io
 import re
+import time
 
 import dagster as dg
 from imagefactory import write_mostly_corrupt_batch
@@ -12,6 +13,7 @@ from dgx_assets.ingest.assets import raw_images
 from dgx_assets.ingest.checks import raw_image_checks
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource
+from dgx_assets.spark.resource import SparkResource
 
 FIX = "Only 14.3% of batch bad decoded as images (at least 80% needed)"
 
@@ -75,30 +77,43 @@ def test_the_demo_console_shows_one_line_per_step_and_the_event_log_goes_to_a_fi
     assert log.count("STEP_START") >= 4 and "DEBUG" in log and "A blocking check held it back." in log
 
 
-def test_progress_bars_follow_spark_tasks_and_epochs():
+def test_progress_bars_follow_the_structured_progress_of_a_real_run(spark_resource):
+    """Spark tasks, epochs and phases reach the bar as structured records through Dagster's loggers; a message
+    that only reads like progress moves nothing."""
+    from dgx_assets.progress import log_progress
+    from dgx_assets.spark.progress import spark_progress
+
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
-    progress = DemoProgress(Terminal())
-    start = dg.DagsterEvent(dg.DagsterEventType.STEP_START.value, "__job__", step_key="trained_model")
-    progress.event("trained_model", start, "started")
-    progress.event("trained_model", None, "Spark: stage 3 (parquet): 5/12 tasks done, 2 running, 0 failed")
-    assert (progress._bar.n, progress._bar.total, progress._bar.unit) == (5, 12, "tasks")
-    progress.event("trained_model", None, "__job__ - 1234 - trained_model - epoch 2: accuracy=0.8100, loss=0.4000")
-    assert (progress._bar.n, progress._bar.unit) == (3, "epochs") and "loss=0.4000" in str(progress._bar)
-    progress.event("trained_model", None, "No generator in /x: training one now (a few minutes on a CPU)")
-    assert "building the local generator" in progress._bar.desc
-    from dagster._core.execution.plan.objects import StepSuccessData
+    def slow(rows):
+        for row in rows:
+            time.sleep(0.4)
+            yield row
 
-    done = dg.DagsterEvent(
-        dg.DagsterEventType.STEP_SUCCESS.value,
-        "__job__",
-        step_key="trained_model",
-        event_specific_data=StepSuccessData(duration_ms=1.0),
-    )
-    progress.event("trained_model", done, "finished")
-    assert progress._bar is None and re.search(r"  trained_model +ok +\d+\.\d s\n", progress.stream.getvalue())
+    @dg.asset
+    def long_step(context: dg.AssetExecutionContext, spark: SparkResource) -> None:
+        session = spark.spark_session
+        with spark_progress(session, context.log.info, every_seconds=0.2):
+            session.sparkContext.parallelize(range(6), 3).mapPartitions(slow).count()
+        log_progress(context.log.info, "epoch 2: loss=0.4000", "epoch", epoch=2, metrics={"loss": 0.4})
+        context.log.info("epoch 9: accuracy=0.1000 (text alone)")
+        log_progress(context.log.info, "building", "phase", phase="building the local generator")
+        time.sleep(1.2)  # the bar's ticker redraws the phase
+
+    terminal = Terminal()
+    progress = DemoProgress(terminal)
+    job = dg.Definitions(assets=[long_step], resources={"spark": spark_resource}).resolve_implicit_global_asset_job_def()
+    with dg.instance_for_test() as instance:
+        result = execute_for_cli(job, instance, progress=progress)
+    assert result.success
+    drawn = terminal.getvalue()
+    assert re.search(r"\d/3 Spark tasks", drawn), drawn
+    assert "epoch 2 done" in drawn and "loss=0.4000" in drawn
+    assert "epoch 9" not in drawn and "accuracy=0.1000" not in drawn
+    assert "building the local generator" in drawn
+    assert progress._bar is None and re.search(r"  long_step +ok +\d+\.\d s\n", drawn)
 
 
 def test_libraries_output_goes_to_the_log_file_and_the_console_keeps_the_step_lines(tmp_path, capfd):
@@ -120,3 +135,55 @@ def test_libraries_output_goes_to_the_log_file_and_the_console_keeps_the_step_li
     assert "keras step bar" in log and "oneDNN" in log and "Successfully registered model" in log
     print("after")  # the process's own stdout is back
     assert capfd.readouterr().out == "after\n"
+
+
+def test_a_held_back_promotion_reads_held_back_with_its_reason_and_the_run_goes_on(tmp_path):
+    outcome_text = "m v1 not promoted, stays candidate; the champion stays none"
+    reason = "**edge_model.parity** failed: 15 flips. To fix: set `quantization: auto`"
+
+    @dg.asset(name="champion_model")  # champion_model's contract: its decision in its metadata
+    def decision() -> dg.MaterializeResult:
+        return dg.MaterializeResult(
+            metadata={"decision": "held back", "outcome": outcome_text, "reason": dg.MetadataValue.md(reason)}
+        )
+
+    @dg.asset(deps=[decision])
+    def quality_report() -> None:
+        return None
+
+    console = io.StringIO()
+    job = dg.Definitions(assets=[decision, quality_report]).resolve_implicit_global_asset_job_def()
+    with dg.instance_for_test() as instance, open(tmp_path / "demo.log", "w") as log_file:
+        result = execute_for_cli(job, instance, progress=DemoProgress(console), log_file=log_file)
+        outcome = _DemoOutcome()
+        outcome.add(instance, result, "whole-dataset assets")
+    assert result.success and result.asset_materializations_for_node("quality_report")
+    lines = console.getvalue().splitlines()
+    assert re.match(r"^  champion_model +held back +\d+\.\d s$", lines[0]), lines
+    assert lines[1] == f"      what to fix: {outcome_text}. {reason}." and re.match(r"^  quality_report +ok ", lines[2])
+    assert outcome.errors == [] and outcome.gates == [f"whole-dataset assets: champion_model: {outcome_text}. {reason}."]
+
+
+def test_a_failed_warning_check_reads_warning_with_what_it_found(tmp_path):
+    found = "The generated images are near-duplicates: mean pairwise distance 0.039 (at least 0.1)"
+
+    @dg.asset
+    def generated() -> None:
+        return None
+
+    @dg.asset_check(asset=generated)
+    def diverse() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=found)
+
+    @dg.asset_check(asset=generated)
+    def decodes() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN, description="12 of 12")
+
+    console = io.StringIO()
+    job = dg.Definitions(assets=[generated], asset_checks=[diverse, decodes]).resolve_implicit_global_asset_job_def()
+    with dg.instance_for_test() as instance, open(tmp_path / "demo.log", "w") as log_file:
+        result = execute_for_cli(job, instance, progress=DemoProgress(console), log_file=log_file)
+    assert result.success
+    text = console.getvalue()
+    assert re.search(r"^  generated_diverse +warning +\d+\.\d s\n      " + re.escape(found) + "$", text, re.M), text
+    assert re.search(r"^  generated_decodes +ok +\d+\.\d s$", text, re.M) and "what to fix" not in text, text

@@ -3,11 +3,11 @@
 import os
 
 import dagster as dg
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from imagefactory import bad_files, valid_images, write_batch, write_mostly_corrupt_batch
 from support.hostile import SECRET, hostile_batch
+from support.lake_tables import read_rows
 
 from dgx_assets.ingest import images
 from dgx_assets.ingest.assets import raw_images
@@ -19,22 +19,23 @@ from dgx_assets.resources import LakeResource
 ONLY_THE_ASSET = dg.AssetSelection.assets(raw_images).without_checks()
 
 
-def materialize_batch(instance, spark_resource, lake_root, batch, selection=None, raise_on_error=True, config=None):
+def materialize_batch(
+    instance, spark_resource, lake_root, batch, selection=None, raise_on_error=True, config=None, writer="arrow"
+):
     instance.add_dynamic_partitions(image_batches.name, [batch])
     return dg.materialize(
         [raw_images, *raw_image_checks],
         instance=instance,
         partition_key=batch,
-        resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
+        resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root), table_writer=writer)},
         selection=selection,
         raise_on_error=raise_on_error,
         run_config={"ops": {"raw_images": {"config": config}}} if config else None,
     )
 
 
-def read_partition(lake_root, batch):
-    lake = Lake(str(lake_root))
-    return ds.dataset(lake.data_files(lake.asset_uri("raw_images", batch)), filesystem=lake.fs).to_table().to_pylist()
+def read_partition(lake_root, batch, snapshot_id=None):
+    return read_rows(lake_root, "raw_images", batch, snapshot_id)
 
 
 def test_every_file_has_a_row_and_valid_bytes_survive(tmp_path, spark_resource):
@@ -64,6 +65,9 @@ def test_every_file_has_a_row_and_valid_bytes_survive(tmp_path, spark_resource):
         columns = {c.name: c for c in metadata["dagster/column_schema"].value.columns}
         assert {"path", "label", "status", "reason", "split", "content"} <= set(columns)
         assert columns["status"].type == "string" and "quarantined" in columns["status"].description
+        # The materialization names the Iceberg table and the snapshot it committed.
+        current = Lake(str(lake_root)).tables.table("raw_images").current_snapshot().snapshot_id
+        assert metadata["table"].value == "dgx.raw_images" and metadata["snapshot_id"].value == str(current)
 
 
 def test_files_over_the_byte_limit_are_listed_not_read_and_the_files_are_uncompressed(tmp_path, spark_resource):
@@ -84,7 +88,7 @@ def test_files_over_the_byte_limit_are_listed_not_read_and_the_files_are_uncompr
     assert "content not read" in huge["reason"]
     assert rows["b5/loose.png"]["status"] == "unlabelled"
     lake = Lake(str(lake_root))
-    for path in lake.data_files(lake.asset_uri("raw_images", "b5")):
+    for path in lake.tables.snapshot("raw_images", batch="b5").paths:
         metadata = pq.ParquetFile(path).metadata  # PNG/JPEG bytes are not compressed a second time
         codecs = {
             metadata.row_group(g).column(c).compression
@@ -155,13 +159,15 @@ def test_rematerializing_replaces_the_partition(tmp_path, spark_resource):
     lake_root = tmp_path / "lake"
     write_batch(lake_root / "landing", "b3", bad=False)
     with dg.instance_for_test() as instance:
-        materialize_batch(instance, spark_resource, lake_root, "b3", selection=ONLY_THE_ASSET)
+        one = materialize_batch(instance, spark_resource, lake_root, "b3", selection=ONLY_THE_ASSET)
         first = len(read_partition(lake_root, "b3"))
         (lake_root / "landing" / "b3" / "functional" / "grey.png").unlink()
-        materialize_batch(instance, spark_resource, lake_root, "b3", selection=ONLY_THE_ASSET)
+        # The other table writer (Spark's own) makes the same table.
+        materialize_batch(instance, spark_resource, lake_root, "b3", selection=ONLY_THE_ASSET, writer="spark")
         assert len(read_partition(lake_root, "b3")) == first - 1
-        hidden = [p.name for p in (lake_root / "raw_images").iterdir() if p.name.startswith(".")]
-        assert hidden == []  # no staging or previous versions left behind
+        # The first version is still there to be read (time travel), by the snapshot id its run recorded.
+        old = one.asset_materializations_for_node("raw_images")[0].metadata["snapshot_id"].value
+        assert len(read_partition(lake_root, "b3", int(old))) == first
 
 
 @pytest.mark.timeout(300)

@@ -7,8 +7,8 @@ import os
 
 import pytest
 from serving_probe import LIMITED
+from support.serving_engines import fixed_latency_args
 
-from bench.serving_engines import fixed_latency_args
 from dgx_assets import settings
 from dgx_assets.generation import launcher
 

@@ -19,11 +19,11 @@ LIMITED = {
 }
 
 
-def metric_samples(url: str, headers=None) -> dict:
+def metric_samples(url: str, headers=None, verify: bool | str = True) -> dict:
     """{(name, frozenset(labels)): value} from /metrics, read with prometheus-client's own parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = requests.get(url + "/metrics", headers=headers, timeout=5).text
+    text = requests.get(url + "/metrics", headers=headers, timeout=5, verify=verify).text
     return {
         (s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text) for s in family.samples
     }

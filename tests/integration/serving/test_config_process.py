@@ -11,7 +11,7 @@ from dgx_assets.generation import launcher
 def test_a_bad_config_stops_the_server_with_a_message(tmp_path, quick_model):
     path = tmp_path / "config.yml"
     path.write_text("op:\n  bad name!: {}\n")
-    with pytest.raises(launcher.LaunchError, match="service name"):
+    with pytest.raises(launcher.LaunchError, match=r"op: String should match pattern .* \(got .bad name!.\)"):
         launcher.start_local_servers(1, quick_model, config_file=str(path), log_dir=tmp_path, timeout_s=60)
 
 

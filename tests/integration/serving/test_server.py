@@ -13,6 +13,7 @@ import pytest
 import requests
 from PIL import Image
 from serving_probe import OPENAI, PIPELINE, metric, metric_samples
+from support import serving_engines
 
 
 def openai(server, body, **kwargs):
@@ -315,7 +316,7 @@ def test_token_is_required_when_configured(configured_server):
 def test_config_file_settings_apply(configured_server):
     status = requests.get(configured_server.url + "/status", timeout=5).json()
     assert status["service"] == "ernie_image" and status["device"] == "cpu"
-    assert status["engine"] == "bench.serving_engines:fixed_latency"
+    assert status["engine"] == f"{serving_engines.ENGINES}:fixed_latency"
     started = time.monotonic()
     reply = requests.post(
         configured_server.url + OPENAI,
@@ -324,7 +325,7 @@ def test_config_file_settings_apply(configured_server):
         timeout=30,
     )
     assert reply.status_code == 200
-    assert time.monotonic() - started >= 0.3  # the benchmark's engine fixes the model time
+    assert time.monotonic() - started >= 0.3  # the fixed-latency engine fixes the model time
 
 
 def test_fixed_latency_holds_the_predictor_for_each_request(configured_server):

@@ -9,17 +9,22 @@ from dataclasses import astuple
 
 import pytest
 import requests
-from serving_probe import OPENAI
+from serving_probe import OPENAI, metric, metric_samples
 from support.tls import make_ca_and_server_cert
+from support.waiting import wait_for
 
 from dgx_assets.generation import launcher
+
+MAX_CONNECTIONS = 20
+HANDSHAKE_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
 def tls_server(quick_model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tls")
     ca, cert, key = astuple(make_ca_and_server_cert(folder))
-    server = launcher.start_server(quick_model, log_dir=folder, extra_args=["--tls-cert", cert, "--tls-key", key])
+    limits = ["--max-connections", str(MAX_CONNECTIONS), "--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S)]
+    server = launcher.start_server(quick_model, log_dir=folder, extra_args=["--tls-cert", cert, "--tls-key", key, *limits])
     try:
         deadline = time.monotonic() + 120
         while True:  # the launcher waits over http; this server speaks https only
@@ -96,3 +101,37 @@ def test_the_projects_client_reaches_the_https_server_with_its_ca_bundle(tls_ser
     assert base64.b64decode(reply.payload_b64)[:8] == b"\x89PNG\r\n\x1a\n"
     without_ca = ErnieClient(ClientSettings((url,), protocol=protocol, **fast)).generate("cell", 32, 32, 1)
     assert not without_ca.ok and without_ca.error_kind == "unavailable"
+
+
+def _closed_after(sock: socket.socket, limit_s: float) -> float:
+    """Seconds until the server closes `sock` (its first read returns nothing or is reset); fails past limit_s."""
+    started = time.monotonic()
+    sock.settimeout(limit_s)
+    try:
+        assert sock.recv(1) == b""
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_stalled_handshakes_count_against_max_connections_and_are_closed_at_their_deadline(tls_server):
+    """Was: a connection still in its TLS handshake escaped both max_connections and the header timeout:
+    300 such connections were each held 60 s (asyncio's own handshake timeout)."""
+    url, ca, server = tls_server
+    before = metric_samples(url, verify=ca)
+    stalled = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        opened = time.monotonic()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:  # one past the cap
+            assert _closed_after(extra, HANDSHAKE_TIMEOUT_S / 2) < HANDSHAKE_TIMEOUT_S / 2  # refused at once
+        for sock in stalled:  # no ClientHello ever: closed at the handshake deadline, not a minute later
+            _closed_after(sock, HANDSHAKE_TIMEOUT_S + 5)
+        assert HANDSHAKE_TIMEOUT_S * 0.9 < time.monotonic() - opened < HANDSHAKE_TIMEOUT_S + 3
+    finally:
+        for sock in stalled:
+            sock.close()
+    wait_for(lambda: requests.get(url + "/status", verify=ca, timeout=5).status_code == 200, what="served again")
+    after = metric_samples(url, verify=ca)
+    closed = "ernie_serving_connections_closed_total"
+    for reason, count in (("handshake_timeout", MAX_CONNECTIONS), ("max_connections", 1)):
+        assert metric(after, closed, reason=reason) - metric(before, closed, reason=reason) >= count, reason

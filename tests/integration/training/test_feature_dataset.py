@@ -152,3 +152,23 @@ def test_pixel_block_views_a_sliced_binary_column(binary_type):
     assert block.shape == (5, *SHAPE) and np.array_equal(block, images[3:8])
     with pytest.raises(FeatureDataError, match="not 2048 bytes"):
         _pixel_block(column, (32, 32, 2))
+
+
+def test_soft_targets_stream_the_graded_column_as_class_probabilities(feature_files, tmp_path):
+    index = scan_features(feature_files)  # classes (defective, functional): defective is the positive class
+    table = feature_files.dataset().to_table()
+    grades = np.resize(np.array([0.0, 1 / 3, 2 / 3, 1.0], np.float32), table.num_rows)
+    path = tmp_path / "graded.parquet"
+    pq.write_table(table.append_column("grade", pa.array(grades)), path)
+    graded = FeatureFiles(pafs.LocalFileSystem(), (str(path),))
+
+    _, targets = _stream(make_dataset(graded, index, "validation", 7, soft_targets="grade"))
+    expected = grades[np.asarray(table.column("split")) == "validation"][
+        np.asarray(table.column("feature_status"))[np.asarray(table.column("split")) == "validation"] == "ok"
+    ]
+    np.testing.assert_allclose(targets[:, 0], expected, atol=1e-6)  # P(defective)
+    np.testing.assert_allclose(targets.sum(axis=1), 1.0, atol=1e-6)
+
+    pq.write_table(table.append_column("grade", pa.array(grades * 2)), path)  # "probabilities" up to 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'grade' holds values outside \\[0, 1\\]"):
+        _stream(make_dataset(graded, index, "validation", 7, soft_targets="grade"))

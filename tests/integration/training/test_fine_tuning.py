@@ -11,6 +11,7 @@ import pytest
 from dgx_assets.backbones import efficientnet_lite
 from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.dataset import FeatureFiles
+from dgx_assets.training.model import single_view
 from dgx_assets.training.train import train_classifier
 
 FINE_TUNE = TrainConfig(epochs=2, batch_size=16)
@@ -36,7 +37,7 @@ def _changed_layers(result) -> set[str]:
     efficientnet_lite.load_torch_weights(pretrained, read_state_dict(efficientnet_lite.packaged_weights().path))
     return {
         layer.name
-        for layer in result.model.get_layer("efficientnet_lite0").layers
+        for layer in single_view(result.model).get_layer("efficientnet_lite0").layers
         if any(not np.array_equal(a, b) for a, b in zip(layer.get_weights(), pretrained.get_layer(layer.name).get_weights()))
     }
 
@@ -46,7 +47,7 @@ def test_only_the_top_blocks_learn_their_batch_normalisation_included(fine_tuned
     assert not {"stem_conv", "stem_bn", "block08_project_conv", "block08_project_bn"} & changed  # below trainable_from_block
     assert {"block09_dw_conv", "head_conv", "head_bn", "block12_expand_bn"} <= changed
     # The learning ones track their statistics faster than Keras' default, the frozen ones keep it.
-    backbone = fine_tuned.model.get_layer("efficientnet_lite0")
+    backbone = single_view(fine_tuned.model).get_layer("efficientnet_lite0")
     assert backbone.get_layer("head_bn").momentum == 0.9 and backbone.get_layer("block08_project_bn").momentum == 0.99
 
 

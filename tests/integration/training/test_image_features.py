@@ -131,15 +131,17 @@ def test_spark_job_writes_one_feature_row_per_valid_raw_row(spark, elpv_sample, 
             training_data.raw_row("elpv-sample", "functional", "empty.png", b"", status="empty"),
         ]
     )
-    raw = training_data.write_raw_partition(pd.concat([elpv_sample, invalid]), tmp_path / "raw_images" / "batch=elpv-sample")
-    output = tmp_path / "image_features" / "batch=elpv-sample"
+    raw = training_data.commit_raw_batch(pd.concat([elpv_sample, invalid]), tmp_path / "lake", "elpv-sample")
+    output = tmp_path / "image_features"
     config = FeatureConfig(image_height=64, image_width=64, channels=1, batch_rows=16)
 
-    summary = build_image_features(spark, f"file://{raw}", f"file://{output}", config)
+    summary, files = build_image_features(spark, raw, output.as_uri(), config)
 
     assert summary.valid_rows == summary.feature_rows == len(elpv_sample) == 40
     assert summary.failed_rows == 0 and summary.devices == ["cpu"] and summary.tensor_shape == [64, 64, 1]
+    assert files and all(uri.startswith(output.as_uri()) for uri in files)
     written = pq.read_table(output).to_pandas()
+    assert set(written["batch"]) == {"elpv-sample"}  # the partition column, stored in the files
     assert len(written) == 40 and set(written["sha256"]) == set(elpv_sample["sha256"])
     by_sha = elpv_sample.set_index("sha256")
     for row in written.itertuples():
@@ -164,17 +166,13 @@ def test_spark_job_reads_raw_row_groups_in_its_tasks_and_counts_in_the_same_job(
             pd.DataFrame([training_data.raw_row("b0", "defective", "garbage.png", b"not an image")]),  # "valid" to ingest
         ]
     )
-    raw = tmp_path / "raw_images" / "batch=b0"
-    for index in range(4):  # ingest writes about one file per task slot
-        training_data.write_raw_partition(rows.iloc[index::4], raw, name=f"part-{index:05d}.parquet")
+    # ingest writes about one file per task slot
+    raw = training_data.commit_raw_batch([rows.iloc[index::4] for index in range(4)], tmp_path / "lake", "b0")
     context, group = spark.sparkContext, f"image-features-{tmp_path.name}"
     context.setJobGroup(group, "build_image_features")
     try:
-        summary = build_image_features(
-            spark,
-            f"file://{raw}",
-            f"file://{tmp_path / 'features'}",
-            FeatureConfig(image_height=32, image_width=32, batch_rows=8),
+        summary, _ = build_image_features(
+            spark, raw, (tmp_path / "features").as_uri(), FeatureConfig(image_height=32, image_width=32, batch_rows=8)
         )
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
@@ -185,34 +183,36 @@ def test_spark_job_reads_raw_row_groups_in_its_tasks_and_counts_in_the_same_job(
     tracker = context.statusTracker()
     jobs = tracker.getJobIdsForGroup(group)
     stages = [tracker.getStageInfo(stage) for job in jobs for stage in tracker.getJobInfo(job).stageIds]
-    # local[2]: twice the slots, one row group (file) each.
+    # local[2]: twice the slots, one row group (file) each; the writer runs in the same stage.
     assert len(jobs) == 1 and [stage.numTasks for stage in stages] == [4]
 
 
 def test_plan_counts_valid_rows_per_row_group_and_skips_groups_without_any(tmp_path):
     rows = training_data.synthetic_raw_rows(12, "b0")
     rows["status"] = ["valid"] * 5 + ["corrupted"] * 7
-    raw = tmp_path / "raw_images" / "batch=b0"
-    table = pa.Table.from_pandas(rows.drop(columns=["batch"]), schema=training_data.RAW_SCHEMA, preserve_index=False)
-    (raw / ".staging").mkdir(parents=True)
-    pq.write_table(table, raw / "part-00000.parquet", row_group_size=4)
-    pq.write_table(table, raw / ".staging" / "part-00000.parquet")  # hidden: not part of the table
+    raw = training_data.commit_raw_batch(rows, tmp_path / "lake", "b0", row_group_size=4)
+    stray = tmp_path / "lake" / "warehouse" / "dgx" / "raw_images" / "data" / "batch=b0" / "killed-run"
+    stray.mkdir(parents=True)
+    pq.write_table(training_data.raw_table(rows), stray / "part-00000.parquet")  # never committed: not in the table
 
-    groups = plan_row_groups(raw.as_uri())
+    groups = plan_row_groups(raw)
     assert [(group.index, group.valid_rows) for group in groups] == [(0, 4), (1, 1)]  # the third group: none valid
-    assert {group.path for group in groups} == {str(raw / "part-00000.parquet")}
+    assert {group.uri for group in groups} == set(raw.uris) and len(raw.uris) == 1
 
 
 def test_a_raw_partition_without_the_needed_columns_is_refused_with_what_to_do(spark, tmp_path):
-    raw = tmp_path / "raw_images" / "batch=b0"
-    raw.mkdir(parents=True)
-    pq.write_table(pa.table({"path": ["a.png"], "status": ["valid"]}), raw / "part-00000.parquet")
+    from support.lake_tables import commit_rows
+
+    from dgx_assets.lake import Lake
+
+    commit_rows(tmp_path / "lake", "raw_images", pa.table({"path": ["a.png"], "batch": ["b0"], "status": ["valid"]}), "b0")
+    raw = Lake(str(tmp_path / "lake")).tables.snapshot("raw_images", batch="b0")
     with pytest.raises(ValueError, match=r"lacks columns .*'content'.*re-materialize raw_images"):
-        build_image_features(spark, raw.as_uri(), (tmp_path / "features").as_uri(), FeatureConfig())
+        build_image_features(spark, raw, (tmp_path / "features").as_uri(), FeatureConfig())
 
 
 def test_a_raw_partition_without_valid_rows_runs_no_spark_job(spark, tmp_path):
     rows = training_data.synthetic_raw_rows(3, "b0").assign(status="corrupted")
-    raw = training_data.write_raw_partition(rows, tmp_path / "raw_images" / "batch=b0")
-    summary = build_image_features(spark, raw.as_uri(), (tmp_path / "features").as_uri(), FeatureConfig())
+    raw = training_data.commit_raw_batch(rows, tmp_path / "lake", "b0")
+    summary, _ = build_image_features(spark, raw, (tmp_path / "features").as_uri(), FeatureConfig())
     assert (summary.valid_rows, summary.feature_rows) == (0, 0) and not (tmp_path / "features").exists()

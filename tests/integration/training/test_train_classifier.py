@@ -10,6 +10,7 @@ import pytest
 
 from dgx_assets.training.config import ModelConfigError, TrainConfig
 from dgx_assets.training.dataset import FeatureDataError, FeatureFiles, make_dataset, scan_features
+from dgx_assets.training.model import single_view
 from dgx_assets.training.train import classification_report, train_classifier
 
 
@@ -55,7 +56,7 @@ def test_training_is_deterministic_and_beats_the_majority_baseline(feature_files
     assert first.epochs == [0, 1, 2, 3] and first.resumed_from_epoch == 0
     # Each epoch is one pass over the training split, though Keras reads it from one repeated dataset.
     passes = math.ceil(scan_features(feature_files).rows("train") / small_train_config.batch_size)
-    assert int(first.model.optimizer.iterations.numpy()) == 4 * passes
+    assert int(single_view(first.model).optimizer.iterations.numpy()) == 4 * passes
     metrics = first.test.metrics
     assert metrics["accuracy"] > metrics["majority_baseline_accuracy"]
     assert 0.5 < metrics["roc_auc"] <= 1.0
@@ -121,3 +122,32 @@ def test_report_on_known_predictions():
     assert report.metrics["recall_good"] == pytest.approx(2 / 3) and report.metrics["precision_bad"] == 0.5
     assert report.metrics["roc_auc"] == 1.0
     assert report.confusion_matrix == [[1, 0], [1, 2]]
+
+
+def test_the_decision_rule_is_chosen_on_validation_and_travels_with_the_saved_model(feature_files, small_train_config, tmp_path):
+    from dgx_assets.edge.convert import EdgeConversionConfig, convert_to_tflite
+    from dgx_assets.training import decision
+    from dgx_assets.training.model import single_view
+
+    config = small_train_config.model_copy(update={"test_time_augmentation": True, "tune_threshold": True})
+    result = train_classifier(feature_files, config, str(tmp_path / "ckpt"))
+    assert result.decision.tta and result.decision.positive_index == 0  # "defective"
+    assert 0.0 < result.decision.threshold < 1.0
+
+    # The dihedral views live in the graph: the saved file is plain Keras and averages exactly what the
+    # numpy views of the one-view classifier give.
+    images = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 1)).astype("float32")
+    expected = decision.predict(single_view(result.model), images, tta=True)
+    result.model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras", compile=False)
+    np.testing.assert_allclose(loaded.predict(images, verbose=0), expected, atol=1e-5)
+    assert single_view(loaded) is not loaded and single_view(single_view(loaded)) is single_view(loaded)
+
+    # Test metrics are the thresholded decisions of the views model.
+    labels, probabilities = result.test.labels, result.test.probabilities
+    decided = decision.decide(probabilities, result.decision.threshold, 0)
+    assert result.test.metrics["accuracy"] == pytest.approx(float(np.mean(decided == labels)))
+
+    # And the edge model converts the views with plain TFLite ops.
+    tflite = convert_to_tflite(loaded, EdgeConversionConfig(raw_height=32, raw_width=32, quantization="float32"))
+    assert len(tflite) > 0

@@ -11,6 +11,7 @@ import dagster as dg
 import pytest
 from support import training_data
 
+from dgx_assets.lake import Lake
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
@@ -35,7 +36,7 @@ def platform(tmp_path_factory):
     for seed, batch in enumerate(BATCHES):
         rows = training_data.synthetic_raw_rows(150, batch, seed=seed)
         rows.loc[len(rows)] = training_data.raw_row(batch, "defective", "broken.png", b"junk", status="corrupted")
-        training_data.write_raw_partition(rows, root / "lake" / "raw_images" / f"batch={batch}")
+        training_data.commit_raw_batch(rows, root / "lake", batch)
     resources = {
         "spark": SparkResource(spark_conf=training_data.SPARK_TEST_CONF),
         "lake": LakeResource(root=str(root / "lake")),
@@ -78,14 +79,20 @@ def test_image_features_partition_metadata_and_files(platform, trained):
     assert all(f"| {split} |" in metadata["split_counts"].value for split in ("train", "validation", "test"))
     columns = {c.name for c in metadata["dagster/column_schema"].value.columns}
     assert {"tensor", "tensor_shape", "brightness", "embedding", "feature_status"} <= columns
-    for batch in BATCHES:
-        folder = root / "lake" / "image_features" / f"batch={batch}"
-        assert list(folder.glob("*.parquet"))
-    assert not [p for p in (root / "lake" / "image_features").iterdir() if p.name.startswith(".staging")]
+    # An Iceberg table: its metadata files, both batches in the catalog, the materialization names its snapshot.
+    tables = Lake(str(root / "lake")).tables
+    location = Path(tables.table("image_features").location().removeprefix("file://"))
+    assert list((location / "metadata").glob("*.metadata.json"))
+    assert tables.partitions("image_features") == BATCHES and metadata["table"].value == "dgx.image_features"
+    snapshot = tables.snapshot("image_features", int(metadata["snapshot_id"].value))
+    assert {uri.split("/batch=")[1].split("/")[0] for uri in snapshot.uris} <= set(BATCHES)
 
 
-def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained):
+def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained, monkeypatch):
+    import pyarrow.parquet as pq
     from mlflow import MlflowClient
+
+    from dgx_assets import cli
 
     instance, resources, root = platform
     metadata = trained.asset_materializations_for_node("trained_model")[0].metadata
@@ -93,19 +100,39 @@ def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained
     assert (root / "lake" / "trained_model" / "model.keras").stat().st_size > 10_000
     assert info["class_names"] == ["defective", "functional"] and info["input_shape"] == [32, 32, 1]
     assert info["feature_partitions"] == BATCHES and len(info["feature_files"]) >= 2
-    assert all(uri.startswith("file://") and "/image_features/batch=" in uri for uri in info["feature_files"])
+    assert all(uri.startswith("file://") and "/dgx/image_features/data/batch=" in uri for uri in info["feature_files"])
+    # Lineage: the run, its datasets and model_info name the image_features snapshot the model trained on, and
+    # reading that snapshot gives back exactly the files it hashed.
+    features = Lake(str(root / "lake")).tables.snapshot("image_features")
+    assert info["feature_table"] == "dgx.image_features" and info["feature_snapshot_id"] == str(features.snapshot_id)
+    assert sorted(info["feature_files"]) == sorted(features.uris)
     assert metadata["mlflow_run_id"].value == info["mlflow_run_id"]
     assert metadata["model_version"].value == f"{MODEL_NAME} v{info['model_version']} (alias candidate)"
-    assert metadata["test_accuracy"].value == round(info["test_metrics"]["accuracy"], 4)  # rounded for reading
+    assert metadata["test_accuracy"].value == float(f"{info['test_metrics']['accuracy']:.4g}")  # 4 significant digits
     assert metadata["confusion_matrix"].value.startswith("| true \\ predicted | defective | functional |")
     assert metadata["mlflow_run"].value.startswith("http://127.0.0.1:5000/#/experiments/")  # a page a browser opens
-    assert metadata["mlflow_model_version"].value.endswith(f"/#/models/{MODEL_NAME}/versions/{info['model_version']}")
+    version_page = f"/#/models/{MODEL_NAME}/versions/{info['model_version']}?workflowType=machine_learning"
+    assert metadata["mlflow_model_version"].value.endswith(version_page)  # in MLflow's model-training view
 
     client = MlflowClient(resources["mlflow"].resolved_tracking_uri)
     run = client.get_run(info["mlflow_run_id"])
     assert run.data.tags["dagster.run_id"] == trained.run_id
     assert run.data.tags["dagster.partition_keys"] == "b0,b1"
     assert run.data.tags["dagster.code_version"] == TRAINED_MODEL_CODE_VERSION
+    assert run.data.tags["dgx.table"] == "dgx.image_features"
+    assert run.data.tags["dgx.snapshot_id"] == str(features.snapshot_id)
+    sources = [json.loads(entry.dataset.source) for entry in run.inputs.dataset_inputs]
+    assert sources and all(source["snapshot_id"] == str(features.snapshot_id) for source in sources)
+    assert metadata["image_features_snapshot_id"].value == str(features.snapshot_id)
+    assert metadata["used_searched_hyperparameters"].value is False and "searched_hyperparameters" not in metadata
+    # The documented command rebuilds the training set from the run alone: the same rows as the snapshot's files.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", resources["mlflow"].resolved_tracking_uri)
+    out = root / "training-set.parquet"
+    lake_args = ["lake", "--lake", str(root / "lake")]
+    assert cli.main([*lake_args, "export", "--mlflow-run", info["mlflow_run_id"], "--out", str(out), "--columns", "sha256"]) == 0
+    assert sorted(pq.read_table(out).column("sha256").to_pylist()) == sorted(
+        features.dataset().to_table(columns=["sha256"]).column("sha256").to_pylist()
+    )
     assert str(client.get_model_version_by_alias(MODEL_NAME, "candidate").version) == info["model_version"]
 
     evaluation = trained.get_asset_check_evaluations()[0]
@@ -173,6 +200,36 @@ def test_bad_training_setting_fails_the_run_with_a_message_naming_it(platform, t
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
     assert "unknown backbone 'vgg99' (setting 'backbone')" in failure.step_failure_data.error.message
+
+
+def test_trained_model_says_when_it_took_the_searched_hyperparameters(platform, trained):
+    from mlflow import MlflowClient
+
+    from dgx_assets.tuning.best_config import write_best_config
+
+    instance, resources, root = platform
+    best = {"learning_rate": 0.00123, "dropout": 0.125, "batch_size": 8}
+    write_best_config(Lake(str(root / "lake")), best, {"mlflow_run_id": "search-run-1"})
+    try:
+        result = dg.materialize(
+            [trained_model],
+            instance=instance,
+            resources=resources,
+            run_config={
+                "ops": {"trained_model": {"config": _training_config(root, epochs=1, use_searched_hyperparameters=True)}}
+            },
+        )
+    finally:
+        import shutil
+
+        shutil.rmtree(root / "lake" / "hyperparameter_search")
+    assert result.success
+    metadata = result.asset_materializations_for_node("trained_model")[0].metadata
+    assert metadata["used_searched_hyperparameters"].value is True
+    assert metadata["searched_hyperparameters"].value == best
+    assert metadata["hyperparameter_search_mlflow_run_id"].value == "search-run-1"
+    params = MlflowClient(resources["mlflow"].resolved_tracking_uri).get_run(metadata["mlflow_run_id"].value).data.params
+    assert (float(params["learning_rate"]), float(params["dropout"]), int(params["batch_size"])) == (0.00123, 0.125, 8)
 
 
 def test_trained_model_trains_on_spark_barrier_tasks_with_distribution_spark(platform, trained):

@@ -1,16 +1,16 @@
-"""The generated table's summary, streamed from real Parquet files (several files, several batches)."""
+"""The generated table's summary, streamed from a real snapshot's Parquet files (several files, several batches)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+from support.lake_tables import commit_rows
 
 from dgx_assets.generation import table
 from dgx_assets.lake import Lake
 
 
-def _write(lake: Lake, uri: str, name: str, rows: list[tuple[str, bool, str | None, str | None]]) -> None:
-    table = pa.table(
+def _rows(rows: list[tuple[str, bool, str | None, str | None]]) -> pa.Table:
+    return pa.table(
         {
             "status": [r[0] for r in rows],
             "truncated": [r[1] for r in rows],
@@ -19,30 +19,23 @@ def _write(lake: Lake, uri: str, name: str, rows: list[tuple[str, bool, str | No
             "content": pa.array([b"png"] * len(rows), pa.binary()),
         }
     )
-    pq.write_table(table, lake.fs_path(f"{uri}/{name}"), row_group_size=2)  # row groups of 2: many batches
 
 
 def test_summary_counts_statuses_endpoints_and_truncation_across_files(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
-    uri = lake.asset_uri("ernie_generated_images")
-    lake.write_bytes(f"{uri}/png/x.png", b"not a table")  # the PNG folder is not part of the table
-    _write(
-        lake,
-        uri,
-        "part-0.parquet",
+    lake.write_bytes(lake.uri("ernie_generated_images", "png", "run", "x.png"), b"not a table")  # not part of the table
+    first = _rows(
         [
             ("valid", False, "http://a", None),
             ("valid", True, "http://b", None),
             ("failed", False, "http://a", "connection refused"),
-        ],
+        ]
     )
-    _write(
-        lake,
-        uri,
-        "part-1.parquet",
-        [("invalid_prompt", False, None, "empty prompt"), ("valid", False, "", None), ("corrupted", True, "http://b", "bad crc")],
+    second = _rows(
+        [("invalid_prompt", False, None, "empty prompt"), ("valid", False, "", None), ("corrupted", True, "http://b", "bad crc")]
     )
-    dataset = table.written_dataset(lake, uri)
+    commit_rows(lake.root, "ernie_generated_images", [first, second], row_group_size=2)  # row groups of 2: many batches
+    dataset = table.written_dataset(lake)
     summary = table.summarize(dataset)
     assert summary == {
         "prompts": 6,
@@ -59,4 +52,4 @@ def test_summary_counts_statuses_endpoints_and_truncation_across_files(tmp_path)
 
 def test_no_table_gives_no_dataset(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
-    assert table.written_dataset(lake, lake.asset_uri("ernie_generated_images")) is None
+    assert table.written_dataset(lake) is None

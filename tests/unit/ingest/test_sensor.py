@@ -173,7 +173,7 @@ def test_a_hostile_batch_costs_only_itself_and_the_tick_says_what_it_skipped(tmp
         assert sorted(requests) == ["good", "hostile"]  # the links were never followed into a batch of their own
         assert "dgx/refused_entries" not in requests["good"].tags
         refused = requests["hostile"].tags["dgx/refused_entries"]
-        assert refused.startswith("7 entries not read: ") and "hostile/functional/loop (symlink)" in refused
+        assert refused.startswith("8 entries not read: ") and "hostile/functional/loop (symlink)" in refused
         assert "fifo.png (special_file)" in refused
         third = tick(instance, lake_root, second.cursor)
         assert third.run_requests == []
@@ -237,3 +237,31 @@ def test_a_folder_that_cannot_be_listed_costs_only_its_batch(tmp_path):
     assert "PermissionError" in refused[0][2]
     files, complete, refused = states["closed"]
     assert (files, complete, [status for _, status, _ in refused]) == (0, False, ["unlistable"])
+
+
+def test_names_that_are_not_utf8_cost_only_their_own_entry_and_other_batches_run(tmp_path):
+    """Was: one b'\\xff' name raised UnicodeEncodeError on every tick, and no batch was ever requested."""
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "good")
+    land(landing, "mixed")
+    raw_landing = os.fsencode(landing)
+    with open(os.path.join(raw_landing, b"mixed", b"functional", b"cell-\xff.png"), "wb") as handle:
+        handle.write(b"not read")
+    os.makedirs(os.path.join(raw_landing, b"batch-\xff", b"functional"))  # a batch folder that cannot be a partition key
+    with open(os.path.join(raw_landing, b"batch-\xff", b"functional", b"a.png"), "wb") as handle:
+        handle.write(b"not read")
+    with dg.instance_for_test() as instance:
+        second = tick(instance, lake_root, tick(instance, lake_root, None).cursor)
+        requests = {request.partition_key: request for request in second.run_requests}
+        assert sorted(requests) == ["good", "mixed"]
+        assert requests["mixed"].tags["dgx/refused_entries"] == "1 entry not read: mixed/functional/cell-\\xff.png (bad_name)"
+        assert instance.get_dynamic_partitions(image_batches.name) == ["good", "mixed"]
+        third = tick(instance, lake_root, second.cursor)
+        assert "skipped, not batch folders: batch-\\xff (bad_name)" in third.skip_reason.skip_message
+
+    from dgx_assets.ingest.landing import look_at_batch
+
+    [refused] = look_at_batch(str(landing / "mixed")).listing.refused
+    assert refused.path == str(landing / "mixed" / "functional" / "cell-\\xff.png")
+    assert "not valid UTF-8" in refused.reason and "rename" in refused.reason

@@ -5,6 +5,7 @@ import io
 import re
 
 from imagefactory import valid_images
+from markupsafe import escape
 from PIL import Image
 
 from dgx_assets.reporting import render
@@ -18,12 +19,24 @@ def test_blocking_failure_fails_warning_warns_clean_passes():
     assert decide([PASSED], [], []).level == "pass"
     warn = CheckOutcome("raw_images", "no_duplicate_content", "b1", False, "WARN")
     assert decide([PASSED, warn], [], []).level == "warn"
-    fail = CheckOutcome("edge_model", "tflite_parity", None, False, "ERROR", "agreement 0.91 < 0.99")
+    fail = CheckOutcome("edge_model", "tflite_parity", None, False, "ERROR", "agreement 0.91 < 0.99", blocking=True)
     verdict = decide([PASSED, warn, fail], [], [])
     assert verdict.level == "fail"
     assert "blocking check tflite_parity failed on edge_model: agreement 0.91 < 0.99" in verdict.reasons
     assert decide([PASSED], ["brightness of batch b2"], []).level == "warn"
     assert decide([PASSED], [], ["edge_model"]).reasons == ["edge_model has not been materialized"]
+
+
+def test_a_held_back_version_leads_the_verdict_and_stands_for_its_failed_gate():
+    parity = CheckOutcome("edge_model", "parity", None, False, "ERROR", "int8 ships: 15 flips. To fix: set `quantization: auto`")
+    other = CheckOutcome("ernie_generated_images", "generated_images_valid", None, False, "ERROR", "start the server")
+    held = "dgx_defect_classifier v1 not promoted, stays candidate; the champion stays none. **edge_model.parity** failed: ..."
+    verdict = decide([PASSED, parity, other], [], [], held_back=held, gate_checks={("edge_model", "parity")})
+    assert verdict.level == "fail" and verdict.reasons[0] == held
+    assert not any("check parity failed" in reason for reason in verdict.reasons)  # told once, in the decision
+    assert "check generated_images_valid failed on ernie_generated_images: start the server" in verdict.reasons
+    # Without a held-back decision the failed gate is listed like any other check.
+    assert "check parity failed on edge_model: " + parity.summary in decide([parity], [], []).reasons
 
 
 def test_html_is_self_contained_with_valid_inline_pngs():
@@ -49,7 +62,12 @@ def test_html_is_self_contained_with_valid_inline_pngs():
         generated={
             "status_counts": {"valid": 3},
             "rows": 3,
-            "samples": {"defective": [(valid_images()["grey.png"], "a solar cell with a crack")]},
+            "samples": {
+                "defective": [
+                    (valid_images()["grey.png"], "a solar cell with a crack"),
+                    (valid_images()["grey.png"], "<b>bold</b>"),
+                ]
+            },
         },
         hardware={"kind": "cpu", "cpu_model": "test cpu"},
     )
@@ -57,7 +75,8 @@ def test_html_is_self_contained_with_valid_inline_pngs():
     for section in ("verdict", "links", "ingestion", "expectations", "statistics", "model", "edge", "generated", "hardware"):
         assert f"id='{section}'" in page
     assert "Verdict: PASS" in page and "corrupted: 2" in page and "0.995" in page
-    assert "<figcaption>a solar cell with a crack</figcaption>" in page  # each generated image with its prompt
+    assert "<figcaption lang='en'>a solar cell with a crack</figcaption>" in page  # each generated image with its prompt
+    assert "<figcaption lang='en'>&lt;b&gt;bold&lt;/b&gt;</figcaption>" in page  # the template escapes what it is given
     assert page.index("id='links'") < page.index("id='ingestion'")  # on the first screen
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) >= 5  # ingestion, brightness, accuracy, confusion matrix, curves, sample
@@ -98,29 +117,108 @@ def test_label_balance_shift_between_batches_is_flagged_and_warns():
     assert "id='label-balance'" in page and "Label balance shifted in b1, b3" in page
 
 
-def test_check_tables_tell_kind_and_only_failures_get_what_to_fix():
+def test_check_tables_tell_kind_fill_both_columns_of_a_failure_and_mark_its_row():
     passed = CheckOutcome(
         "raw_images",
         "valid_image_share",
         "b1",
         True,
         "ERROR",
-        "98.0% of batch b1 are valid images",
         blocking=True,
         great_expectations=True,
+        found="98.00% valid (at least 80% needed)",
     )
     failed = CheckOutcome(
-        "raw_images", "no_duplicate_content", "b1", False, "WARN", "remove the 2 duplicates", great_expectations=True
+        "raw_images",
+        "no_duplicate_content",
+        "b1",
+        False,
+        "WARN",
+        great_expectations=True,
+        found="0 of 1 expectations met; failing: sha256: ab12",
+        fix="remove the 2 duplicates",
     )
-    gate = CheckOutcome("edge_model", "tflite_parity", None, False, "ERROR", "set quantization: float16", blocking=True)
+    gate = CheckOutcome(
+        "edge_model", "parity", None, False, "ERROR", found="int8 ships: 15 flips", fix="set `quantization: float16`"
+    )
     page = render.render_html(ReportData(checks=[passed, failed, gate]), decide([passed, failed, gate], [], []), {})
-    rows = re.findall(r"<tr>(.*?)</tr>", page)
-    cells = {re.findall(r"<td[^>]*>(.*?)</td>", row)[1]: re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows if "<td" in row}
-    assert cells["valid_image_share"][3:] == ["passed", "blocking", "98.0% of batch b1 are valid images", ""]
-    assert cells["no_duplicate_content"][3:] == ["FAILED", "warning", "", "remove the 2 duplicates"]
-    assert "ERROR" not in page  # a passed check is no error
+    rows = re.findall(r"<tr( class='failed')?>(.*?)</tr>", page)
+    cells = {
+        re.findall(r"<td[^>]*>(.*?)</td>", row)[1]: (mark, re.findall(r"<td[^>]*>(.*?)</td>", row))
+        for mark, row in rows
+        if "<td" in row
+    }
+    assert cells["valid_image_share"] == ("", [*cells["valid_image_share"][1][:3], "passed", "blocking", passed.found, ""])
+    mark, duplicate = cells["no_duplicate_content"]
+    assert mark and duplicate[3:] == ["FAILED", "warning", failed.found, "remove the 2 duplicates"]
+    mark, parity = cells["parity"]  # a failed row is marked and says both what it found and what to fix
+    assert mark and parity[3:] == ["FAILED", "error", "int8 ships: 15 flips", "set <code>quantization: float16</code>"]
+    assert "tr.failed td{background" in page  # and the page's style highlights marked rows
     ge_section = page[page.index("id='expectations'") : page.index("id='other-checks'")]
-    assert "tflite_parity" not in ge_section and "tflite_parity" in page[page.index("id='other-checks'") :]
+    assert "parity" not in ge_section and "parity" in page[page.index("id='other-checks'") :]
+
+
+def test_found_and_fix_split_a_description_and_read_figures_against_thresholds():
+    from dgx_assets.reporting.collect import found_and_fix
+
+    description = "int8 ships: 15 of 398 flip. To fix: set `quantization: auto`, then re-materialize edge_model"
+    assert found_and_fix(False, description, {}) == ("int8 ships: 15 of 398 flip", description.split("To fix: ")[1])
+    share = {"valid_share": 0.143, "min_valid_share": 0.8, "what_to_fix": "Only 14.3% decoded; fix the landing batch"}
+    assert found_and_fix(False, "Only 14.3% decoded", share) == ("14.3% valid (at least 80% needed)", share["what_to_fix"])
+    stats = {"ge_statistics": {"successful_expectations": 0, "evaluated_expectations": 1}, "failing_examples": {"sha256": ["ab"]}}
+    found, fix = found_and_fix(False, "", stats)
+    assert found == "0 of 1 expectations met; failing: sha256: ab" and "GE's data docs" in fix
+    assert found_and_fix(True, "all fine", {}) == ("all fine", "")
+    marked = {"what_to_fix": "Near-duplicates: distance 0.069. To fix: train longer"}  # its own split holds
+    assert found_and_fix(False, marked["what_to_fix"], marked) == ("Near-duplicates: distance 0.069", "train longer")
+
+
+def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_threshold_and_markdown_reasons():
+    parity = CheckOutcome(
+        "edge_model",
+        "parity",
+        None,
+        False,
+        "ERROR",
+        "int8 ships. To fix: set `quantization: auto`",
+        figures=(("accuracy_drop_points", 0.5, "max", 1.0), ("negative_flip_rate", 0.0377, "max", 0.02)),
+    )
+    share = CheckOutcome("raw_images", "valid_image_share", "b1", True, "ERROR", figures=(("valid_share", 0.98, "min", 0.8),))
+    promotion = {"decision": "held back", "outcome": "m v1 not promoted, stays candidate; the champion stays none"}
+    data = ReportData(
+        batches=_batches(0.5),
+        checks=[share, parity],
+        promotion={**promotion, "reason": "**edge_model.parity** failed: int8 ships. To fix: set `quantization: auto`"},
+        model={"test_metrics": {"accuracy": 0.869, "majority_baseline_accuracy": 0.706}},
+        model_gate={"accuracy": 0.869, "baseline": 0.706, "margin": 0.02, "threshold": 0.726, "passed": True},
+    )
+    from dgx_assets.edge.champion import held_back_summary
+
+    verdict = decide(data.checks, [], [], held_back=held_back_summary(data.promotion), gate_checks={("edge_model", "parity")})
+    page = render.render_html(data, verdict, {render.DECISION_RUN: "http://127.0.0.1:3000/runs/abc"})
+    first_screen = page[: page.index("id='ingestion'")]
+    assert "<strong>edge_model.parity</strong> failed: int8 ships. To fix: set <code>quantization: auto</code>" in first_screen
+    assert "<b>Promotion: held back</b>" in first_screen and "m v1 not promoted, stays candidate" in first_screen
+    assert "<a href='http://127.0.0.1:3000/runs/abc'>this Dagster run</a>" in first_screen
+    cards = re.findall(r"<div class='figure( failed)?'><b>(.*?)</b>(.*?)<span class='threshold'>(.*?)</span>", first_screen)
+    by_label = {label: (bool(failed), value, threshold) for failed, value, label, threshold in cards}
+    assert by_label["test accuracy"] == (False, "86.9%", "at least 72.6%")
+    assert by_label["negative flip rate"] == (True, "3.77%", "at most 2.00%")
+    assert by_label["accuracy drop points"] == (False, "+0.50 points", "at most +1.00 points")
+    assert by_label["valid images in 1 batches"] == (False, "100 / 100", "each batch at least 80%")
+    gates = first_screen[first_screen.index("id='gates'") :]
+    rows = [
+        (bool(mark), re.findall(r"<td[^>]*>(.*?)</td>", row))
+        for mark, row in re.findall(r"<tr( class='failed')?>(.*?)</tr>", gates)
+        if "<td" in row
+    ]
+    assert [(marked, cells[0], *cells[3:]) for marked, cells in rows] == [
+        (False, "trained_model", "test accuracy", "86.9%", "at least 72.6% (majority baseline 70.6% + 0.02)", "passed"),
+        (False, "raw_images", "valid_share", "98.00%", "at least 80.00%", "passed"),
+        (False, "edge_model", "accuracy_drop_points", "+0.50 points", "at most +1.00 points", "passed"),
+        (True, "edge_model", "negative_flip_rate", "3.77%", "at most 2.00%", "FAILED"),
+    ]
+    assert "font-family:system-ui" in page and '"Noto Sans CJK SC"' in page and ":lang(zh-Hans)" in page
 
 
 def test_every_drift_test_is_shown_not_only_the_flagged_ones():
@@ -147,3 +245,21 @@ def test_markdown_summary_keeps_each_figure_on_its_own_line():
     assert "- Model test accuracy 81.4% (majority baseline 70.6%)" in summary.splitlines()
     assert "- Edge model: agreement 98.0%, size ratio 0.125" in summary.splitlines()
     assert "- Generated images: valid 12" in summary.splitlines()
+
+
+def test_near_duplicate_generated_images_are_flagged_beside_decodable():
+    diverse = CheckOutcome(
+        "ernie_generated_images",
+        "generated_images_diverse",
+        None,
+        False,
+        "WARN",
+        found="mean pairwise distance 0.069 of 12 valid images' EfficientNet-Lite0 embeddings (at least 0.1)",
+        figures=(("mean_pairwise_distance", 0.069, "min", 0.1),),
+    )
+    data = ReportData(checks=[diverse], generated={"status_counts": {"valid": 12}, "rows": 12, "samples": {}})
+    page = render.render_html(data, decide(data.checks, [], []), {})
+    assert "<div class='figure failed'><b>0.069</b>generated images: near-duplicates" in page
+    assert "<span class='threshold'>at least 0.1</span>" in page and "generated images decodable" in page
+    section = page[page.index("id='generated'") :]
+    assert f"id='diversity' class='flag'>{escape(diverse.found)}." in section

@@ -1,4 +1,4 @@
-"""Engines for benchmarks and tests, plugged into a serving process with `--engine` (not part of the product).
+"""Engines for tests and benchmarks, plugged into a serving process with `--engine` (not part of the product).
 
 Both wrap the real exported generator (`dgx_assets.serving.engine.load_engine`), so images are still the
 model's own; they add what a benchmark or a resilience test needs and production must never do:
@@ -10,7 +10,10 @@ model's own; they add what a benchmark or a resilience test needs and production
   answer 503 (the engine is unavailable), answer late, cut the PNG in half, or return bytes that are not
   an image, for every request or the first N.
 
-    dgx-assets serve --model-dir DIR --engine bench.serving_engines:fixed_latency --engine-option latency_ms=100
+    dgx-assets serve --model-dir DIR --engine tests.support.serving_engines:fixed_latency --engine-option latency_ms=100
+
+The serving process imports this module as `tests.support.serving_engines` (`launcher.start_server` puts the
+repository root on its PYTHONPATH), whatever name the caller imported it by.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 import time
 
 FAULTS = ("unavailable", "slow", "truncate", "garbage")
+ENGINES = "tests.support.serving_engines"  # the name the serving process imports this module by
 
 
 class _Wrapped:
@@ -99,12 +103,12 @@ def faulty(config):
 
 def fixed_latency_args(latency_ms: float) -> list[str]:
     """The `dgx-assets serve` arguments that plug in `fixed_latency`."""
-    return ["--engine", "bench.serving_engines:fixed_latency", "--engine-option", f"latency_ms={latency_ms:g}"]
+    return ["--engine", f"{ENGINES}:fixed_latency", "--engine-option", f"latency_ms={latency_ms:g}"]
 
 
 def faulty_args(fault: str, count: int = 0, delay_ms: float = 0.0) -> list[str]:
     """The `dgx-assets serve` arguments that plug in `faulty`."""
-    args = ["--engine", "bench.serving_engines:faulty", "--engine-option", f"fault={fault}"]
+    args = ["--engine", f"{ENGINES}:faulty", "--engine-option", f"fault={fault}"]
     if count:
         args += ["--engine-option", f"count={count}"]
     if delay_ms:

@@ -1,0 +1,102 @@
+"""`dgx-assets docs-server`, the read-only http server `make dev` starts for the report and GE's data docs, as a
+real process on 127.0.0.1: it serves both folders, refuses to write or to step outside them, stops on SIGINT."""
+
+import functools
+import os
+import signal
+
+import pytest
+import requests
+from dagster_dev import free_port
+from support.docs_server import docs_server
+from support.waiting import wait_for
+
+from dgx_assets.quality.expectations import data_docs_site
+
+
+@pytest.fixture
+def server(tmp_path, _state_dir):
+    lake = tmp_path / "lake"
+    (lake / "quality_report").mkdir(parents=True)
+    (lake / "quality_report" / "report.html").write_text("<html><body>Verdict: PASS 单晶硅</body></html>", encoding="utf-8")
+    (lake / "quality_report" / ".staging-x").write_text("half written")
+    (lake / "secret.txt").write_text("not served")
+    site = data_docs_site()  # under this test's DGX_STATE_DIR
+    (site / "validations").mkdir(parents=True)
+    (site / "index.html").write_text("<html>raw_images.valid_image_share[b1]</html>")
+    (site / "validations" / "b1.html").write_text("<html>one validation</html>")
+    (site / "bootstrap.min.css").write_text("body{}")
+    with docs_server(free_port(), {"DGX_LAKE_ROOT": str(lake)}, tmp_path / "docs-server.log") as running:
+        yield running
+
+
+def test_serves_the_report_and_the_data_docs_over_http(server):
+    base, _ = server
+    report = requests.get(f"{base}/quality_report/report.html", timeout=5)
+    assert report.status_code == 200 and report.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "Verdict: PASS 单晶硅" in report.text
+    first = requests.get(base, timeout=5)  # the address alone opens the report
+    assert first.url == f"{base}/quality_report/report.html" and "Verdict" in first.text
+    assert "Verdict" in requests.get(f"{base}/quality_report/", timeout=5).text
+    assert "valid_image_share[b1]" in requests.get(f"{base}/data-docs/", timeout=5).text
+    assert requests.get(f"{base}/data-docs/validations/b1.html", timeout=5).text == "<html>one validation</html>"
+    css = requests.get(f"{base}/data-docs/bootstrap.min.css", timeout=5)
+    assert css.headers["Content-Type"] == "text/css; charset=utf-8"
+    head = requests.head(f"{base}/quality_report/report.html", timeout=5)
+    assert head.status_code == 200 and int(head.headers["Content-Length"]) == len(report.content) and not head.content
+
+
+def test_is_read_only_and_serves_nothing_outside_its_two_folders(server):
+    base, process = server
+    for method in ("POST", "PUT", "DELETE"):
+        assert requests.request(method, f"{base}/quality_report/report.html", data=b"x", timeout=5).status_code == 501
+    for path in (
+        "/quality_report/../secret.txt",
+        "/quality_report/%2e%2e/secret.txt",
+        "/quality_report/..%2fsecret.txt",
+        "/quality_report/a%2f..%2f..%2fsecret.txt",
+        "/quality_report/.staging-x",
+        "/secret.txt",
+        "/data-docs/validations/",  # a folder without a page: no listing
+        "/data-docs/missing.html",
+    ):
+        response = requests.get(base + path, timeout=5, allow_redirects=False)
+        assert response.status_code == 404, path
+        assert "not served" not in response.text and "half written" not in response.text
+    process.send_signal(signal.SIGINT)  # as Ctrl-C in `make dev`
+    assert process.wait(timeout=20) == 0
+
+
+def test_stops_on_sigint_and_sigterm_even_when_started_with_sigint_ignored(tmp_path, _state_dir):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    # A shell starts background jobs (`make dev &`, `nohup ... &`) with SIGINT ignored, and Python then never
+    # raises KeyboardInterrupt: the server ran on after Ctrl-C's signal, and the browser test hung on it.
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        port = free_port()
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dgx-assets"), "docs-server", "--port", str(port)],
+            env={**os.environ, "DGX_LAKE_ROOT": str(tmp_path / "lake")},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        try:
+            wait_for(functools.partial(_answers, port), timeout_s=60, interval_s=0.2, what="the docs server")
+            started = time.monotonic()
+            process.send_signal(stop)
+            assert process.wait(timeout=20) == 0 and time.monotonic() - started < 10, stop
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def _answers(port: int) -> bool:
+    try:
+        requests.head(f"http://127.0.0.1:{port}/", timeout=1)
+    except requests.ConnectionError:
+        return False
+    return True
