@@ -16,7 +16,7 @@ from dgx_assets.lake import Lake
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
     dataset_digest,
-    feature_dataset,
+    log_feature_inputs,
 )
 from dgx_assets.tracking.run import prepare_run
 from dgx_assets.tracking.store import TrackingConfig, check_tracking_uri, run_url
@@ -58,10 +58,6 @@ def train_and_track_challenger(
     setup = prepare_run(tracking, lineage, files, CHALLENGER_ASSET)
     client, experiment_id, entries = setup.client, setup.experiment_id, setup.entries
     commit, hardware = setup.commit, setup.hardware
-    digests = {
-        context: dataset_digest(entries, splits)
-        for context, splits in (("training", ["train", "validation"]), ("test", ["test"]))
-    }
     data_digest = dataset_digest(entries, ["train", "validation", "test"])
     tags = setup.tags | {"dgx.data_digest": data_digest, "dgx.model_family": "xgboost"}
     with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as run:
@@ -75,24 +71,7 @@ def train_and_track_challenger(
             }
         )
         mlflow.log_dict(hardware, "hardware/baseline.json")
-        mlflow.log_dict(
-            {
-                "features_uri": features_uri,
-                "partition_keys": list(lineage.partition_keys),
-                "files": [dataclasses.asdict(e) for e in entries],
-                "split_counts": result.split_counts,
-            },
-            "datasets/feature_files.json",
-        )
-        for context, splits in (("training", ["train", "validation"]), ("test", ["test"])):
-            profile = {
-                "num_rows": sum(sum(result.split_counts[s].values()) for s in splits),
-                "files": len(entries),
-                "partitions": list(lineage.partition_keys)[:200],
-                "sha256": digests[context],
-            }
-            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", files, features_uri, digests[context], profile)
-            mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
+        log_feature_inputs(mlflow, files, features_uri, entries, lineage, result.split_counts)
         mlflow.log_metrics(
             {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
             | {"training_seconds": result.training_seconds, "inference_ms_per_image": result.inference_ms_per_image}

@@ -83,6 +83,22 @@ def embedding_frame(spark: Any, uris: list[str], index: FeatureIndex) -> Any:
     )
 
 
+def _xgboost_params(config: ChallengerConfig, device: str, workers: int) -> dict[str, Any]:
+    """SparkXGBClassifier's parameters from the settings, the resolved device and the worker count."""
+    return {
+        "max_depth": config.max_depth,
+        "n_estimators": config.n_estimators,
+        "learning_rate": config.learning_rate,
+        "subsample": config.subsample,
+        "colsample_bytree": config.colsample_bytree,
+        "early_stopping_rounds": config.early_stopping_rounds,
+        "random_state": config.seed,
+        "tree_method": "hist",
+        "device": device,
+        "num_workers": workers,
+    }
+
+
 def train_challenger(
     spark: Any, files: FeatureFiles, uris: list[str], config: ChallengerConfig, log: Any = None
 ) -> ChallengerResult:
@@ -99,18 +115,7 @@ def train_challenger(
     frame = embedding_frame(spark, uris, index)
     fit_rows = frame.where(F.col("split").isin("train", "validation"))
     workers, device = _workers(spark, config), resolve_device(spark, config.device)
-    params = {
-        "max_depth": config.max_depth,
-        "n_estimators": config.n_estimators,
-        "learning_rate": config.learning_rate,
-        "subsample": config.subsample,
-        "colsample_bytree": config.colsample_bytree,
-        "early_stopping_rounds": config.early_stopping_rounds,
-        "random_state": config.seed,
-        "tree_method": "hist",
-        "device": device,
-        "num_workers": workers,
-    }
+    params = _xgboost_params(config, device, workers)
     classifier = SparkXGBClassifier(
         features_col="embedding",
         label_col="label_index",

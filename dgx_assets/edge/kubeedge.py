@@ -71,94 +71,87 @@ def edge_deployment(
         labels["dgx-assets/edge-format"] = _checked(shipped["format"], "edge format", r"[a-z0-9]{1,16}", 16)
         annotations["dgx-assets/edge-model-sha256"] = _checked(shipped["sha256"], "sha256", r"[0-9a-f]{64}", 64)
     resources = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": cpu, "memory": memory}}
-    mounts = [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}]
-    probe = {"httpGet": {"path": "/healthz", "port": "http"}}
+    fetch = _fetch_container(model_name, version, image, tracking_uri, resources)
+    runtime = _runtime_container(image, port, threads, resources)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": EDGE_APP,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
+        "metadata": {"name": EDGE_APP, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app.kubernetes.io/name": EDGE_APP}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": EDGE_USER,
-                        "runAsGroup": EDGE_USER,
-                        "fsGroup": EDGE_USER,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "nodeSelector": {EDGE_ROLE_LABEL: ""},
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": [{"key": EDGE_ROLE_LABEL, "operator": "Exists"}]}]
-                            }
-                        }
-                    },
-                    "tolerations": [{"key": EDGE_ROLE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-                    "initContainers": [
-                        {
-                            "name": "fetch-model",
-                            "image": image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "command": ["dgx-assets", "edge-fetch"],
-                            "args": ["--model-name", model_name, "--version", version, "--out", MODEL_DIR],
-                            "env": [
-                                {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri},
-                                {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"},
-                            ],
-                            "resources": resources,
-                            "securityContext": _container_security(),
-                            "volumeMounts": mounts,
-                        }
-                    ],
-                    "containers": [
-                        {
-                            "name": "edge-runtime",
-                            "image": image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "command": ["dgx-assets", "edge-run"],
-                            # 0.0.0.0 inside the pod: edgecore's probes and local clients reach it on the pod IP.
-                            "args": [
-                                "--model-dir",
-                                MODEL_DIR,
-                                "--serve",
-                                "--host",
-                                "0.0.0.0",
-                                "--port",
-                                str(port),
-                                "--threads",
-                                str(threads),
-                            ],
-                            "ports": [{"name": "http", "containerPort": port}],
-                            "resources": resources,
-                            "readinessProbe": probe | {"periodSeconds": 10},
-                            "livenessProbe": probe | {"periodSeconds": 20, "failureThreshold": 3},
-                            "securityContext": _container_security(),
-                            "volumeMounts": [
-                                {"name": "models", "mountPath": "/models", "readOnly": True},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {"name": "models", "emptyDir": {"sizeLimit": "256Mi"}},
-                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
-                    ],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": _edge_pod_spec(fetch, runtime)},
         },
+    }
+
+
+def _edge_pod_spec(fetch: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
+    """Where and as whom the pod runs: edge nodes only, non-root, no service-account token, bounded scratch space."""
+    return {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": EDGE_USER,
+            "runAsGroup": EDGE_USER,
+            "fsGroup": EDGE_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "nodeSelector": {EDGE_ROLE_LABEL: ""},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": EDGE_ROLE_LABEL, "operator": "Exists"}]}]
+                }
+            }
+        },
+        "tolerations": [{"key": EDGE_ROLE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        "initContainers": [fetch],
+        "containers": [runtime],
+        "volumes": [
+            {"name": "models", "emptyDir": {"sizeLimit": "256Mi"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        ],
+    }
+
+
+def _fetch_container(model_name: str, version: str, image: str, tracking_uri: str, resources: dict) -> dict[str, Any]:
+    """Downloads the pinned version from MLflow into the pod's models volume before the runtime starts."""
+    return {
+        "name": "fetch-model",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["dgx-assets", "edge-fetch"],
+        "args": ["--model-name", model_name, "--version", version, "--out", MODEL_DIR],
+        "env": [
+            {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri},
+            {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"},
+        ],
+        "resources": resources,
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _runtime_container(image: str, port: int, threads: int, resources: dict) -> dict[str, Any]:
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}}
+    return {
+        "name": "edge-runtime",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["dgx-assets", "edge-run"],
+        # 0.0.0.0 inside the pod: edgecore's probes and local clients reach it on the pod IP.
+        "args": ["--model-dir", MODEL_DIR, "--serve", "--host", "0.0.0.0", "--port", str(port), "--threads", str(threads)],
+        "ports": [{"name": "http", "containerPort": port}],
+        "resources": resources,
+        "readinessProbe": probe | {"periodSeconds": 10},
+        "livenessProbe": probe | {"periodSeconds": 20, "failureThreshold": 3},
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
     }
 
 

@@ -73,24 +73,11 @@ def ernie_generated_images(
     lake: LakeResource,
     ernie: ErnieServingResource,
 ) -> dg.MaterializeResult:
-    from dgx_assets.generation.prompts import read_prompts
-
     session = spark.spark_session
     store = lake.lake
     prompts_uri = config.prompts_uri or lake.prompts_uri
     png_folder = table.png_folder(store)
-    try:
-        prompts = read_prompts(session, prompts_uri)
-        prompt_count = prompts.count()
-    except ValueError as error:
-        raise dg.Failure(str(error)) from error
-    except Exception as error:  # Spark's AnalysisException for a missing path, and kin
-        raise dg.Failure(
-            f"Could not read the prompts table {prompts_uri}: {str(error).splitlines()[0]}. "
-            "Set DGX_PROMPTS_URI or run `dgx-assets seed-demo`."
-        ) from error
-    if prompt_count == 0:
-        raise dg.Failure(f"The prompts table {prompts_uri} has no rows.")
+    prompts, prompt_count = _read_prompts(session, prompts_uri)
 
     previous = None
     if not config.redo_all and store.tables.snapshot(ASSET_KEY).uris:
@@ -137,6 +124,31 @@ def ernie_generated_images(
         "preview": dg.MetadataValue.md(written.head(10, columns=PREVIEW_COLUMNS).to_pandas().to_markdown(index=False)),
     }
     context.log.info(f"ernie_generated_images: {summary['status_counts']} ({reused} reused)")
+    _fail_when_nothing_generated(summary, written, prompts_uri, snapshot_id, metadata)
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def _read_prompts(session, prompts_uri: str):
+    """The prompts table and its row count; a table that cannot be read, or is empty, fails the step with what to do."""
+    from dgx_assets.generation.prompts import read_prompts
+
+    try:
+        prompts = read_prompts(session, prompts_uri)
+        prompt_count = prompts.count()
+    except ValueError as error:
+        raise dg.Failure(str(error)) from error
+    except Exception as error:  # Spark's AnalysisException for a missing path, and kin
+        raise dg.Failure(
+            f"Could not read the prompts table {prompts_uri}: {str(error).splitlines()[0]}. "
+            "Set DGX_PROMPTS_URI or run `dgx-assets seed-demo`."
+        ) from error
+    if prompt_count == 0:
+        raise dg.Failure(f"The prompts table {prompts_uri} has no rows.")
+    return prompts, prompt_count
+
+
+def _fail_when_nothing_generated(summary: dict, written, prompts_uri: str, snapshot_id: int, metadata: dict) -> None:
+    """The version is committed either way (every row keeps its reason); the step fails when no prompt got an image."""
     if summary["sent"] == 0:
         raise dg.Failure(
             description=(
@@ -156,7 +168,6 @@ def ernie_generated_images(
             ),
             metadata=metadata,
         )
-    return dg.MaterializeResult(metadata=metadata)
 
 
 def _commit(context: dg.AssetExecutionContext, frame, lake: LakeResource, png_folder: str) -> int:

@@ -102,3 +102,36 @@ def feature_dataset(name: str, files: FeatureFiles, uri: str, digest: str, profi
     source = LakeDatasetSource(uri, files.table, files.snapshot_id)
     profile = profile | ({"table": files.table, "snapshot_id": str(files.snapshot_id)} if files.table else {})
     return FeatureDataset(source, name=name, digest=digest[:DIGEST_CHARS], schema=feature_schema(), profile=profile)
+
+
+def log_feature_inputs(
+    mlflow: Any,
+    files: FeatureFiles,
+    features_uri: str,
+    entries: Sequence[FileEntry],
+    lineage: DagsterLineage,
+    split_counts: dict[str, dict[str, int]],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """The feature files a run read, as an artifact and as MLflow datasets in the training and test contexts."""
+    mlflow.log_dict(
+        {
+            "features_uri": features_uri,
+            "partition_keys": list(lineage.partition_keys),
+            "files": [dataclasses.asdict(e) for e in entries],
+            "split_counts": split_counts,
+            **(extra or {}),
+        },
+        "datasets/feature_files.json",
+    )
+    for context, splits in (("training", ["train", "validation"]), ("test", ["test"])):
+        digest = dataset_digest(entries, splits)
+        profile = {
+            "num_rows": sum(sum(split_counts.get(split, {}).values()) for split in splits),
+            "splits": {split: split_counts.get(split, {}) for split in splits},
+            "files": len(entries),
+            "partitions": list(lineage.partition_keys)[:200],
+            "sha256": digest,
+        }
+        dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", files, features_uri, digest, profile)
+        mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})

@@ -229,19 +229,8 @@ def trained_model(
     )
     checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
     context.log.info(f"Training on {len(files.paths)} files of image_features {partitions} (snapshot {files.snapshot_id})")
-    train_config = config.train_config()
-    from dgx_assets.training.distributed import resolve_distribution
-
-    trainer = None
-    distribution = resolve_distribution(config.distribution, spark.deployment or settings.deployment())
-    if distribution == "spark":  # the run's SparkSession starts only here: single training never needs it
-        import functools
-
-        from dgx_assets.training.distributed import train_on_spark
-
-        trainer = functools.partial(train_on_spark, spark.spark_session)
-        context.log.info("Training on Spark executors (barrier stage, MultiWorkerMirroredStrategy)")
-    train_config = train_config.model_copy(update={"distribution": distribution})
+    distribution, trainer = _trainer_for(context, config, spark)
+    train_config = config.train_config().model_copy(update={"distribution": distribution})
     searched = None
     if config.use_searched_hyperparameters:
         from dgx_assets.tuning.best_config import apply_best_config
@@ -267,37 +256,56 @@ def trained_model(
 
     info = model_info(tracked, tracking.tracking_uri, store, list(partitions), files.snapshot_id)
     folder = write_model_outputs(store, tracked, info)
+    return dg.MaterializeResult(metadata=_trained_model_metadata(tracked, tracking, files, partitions, searched, folder))
+
+
+def _trainer_for(context: dg.AssetExecutionContext, config: TrainedModelConfig, spark: SparkResource):
+    """The distribution to train with, and its trainer (None: train_classifier in this process)."""
+    from dgx_assets import settings
+    from dgx_assets.training.distributed import resolve_distribution
+
+    distribution = resolve_distribution(config.distribution, spark.deployment or settings.deployment())
+    if distribution != "spark":
+        return distribution, None
+    import functools
+
+    from dgx_assets.training.distributed import train_on_spark
+
+    # The run's SparkSession starts only here: single training never needs it.
+    context.log.info("Training on Spark executors (barrier stage, MultiWorkerMirroredStrategy)")
+    return distribution, functools.partial(train_on_spark, spark.spark_session)
+
+
+def _trained_model_metadata(tracked, tracking, files, partitions, searched, folder) -> dict:
     from dgx_assets import links
 
     metrics = tracked.training.test.metrics
     version_url = links.mlflow_model_version(tracking.ui_url, tracked.model_name, tracked.model_version)
-    return dg.MaterializeResult(
-        metadata={
-            **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
-            "mlflow_model_version": dg.MetadataValue.url(version_url),
-            "mlflow_run_id": tracked.run_id,
-            "mlflow_tracking_uri": tracking.tracking_uri,
-            "model_version": f"{tracked.model_name} v{tracked.model_version} (alias candidate)",
-            "model_uri": tracked.model_uri,
-            "test_accuracy": metadata.number(metrics["accuracy"]),
-            "majority_baseline_accuracy": metadata.number(metrics["majority_baseline_accuracy"]),
-            "test_roc_auc": metadata.number(metrics["roc_auc"]),
-            "test_macro_f1": metadata.number(metrics["macro_f1"]),
-            "confusion_matrix": metadata.confusion(tracked.training.test.confusion_matrix, tracked.training.class_names),
-            "epochs_run": len(tracked.training.epochs),
-            "best_epoch": human_epoch(tracked.training.best_epoch),  # counted from 1, as people count
-            "resumed_from_epoch": tracked.training.resumed_from_epoch,
-            "training_seconds": round(tracked.training.seconds, 1),
-            "hardware": f"{tracked.hardware['kind']}: "
-            + ("; ".join(tracked.hardware["gpus"]) or f"{tracked.hardware['cpu_model']} x{tracked.hardware['cpu_cores']}"),
-            "strategy": f"{tracked.training.strategy} x{tracked.training.replicas} ({tracked.training.precision_policy})",
-            "partitions": ", ".join(partitions),
-            "data_digest": tracked.data_digest,
-            "image_features_snapshot_id": str(files.snapshot_id),
-            **searched_metadata(searched),
-            "path": dg.MetadataValue.path(folder),
-        }
-    )
+    return {
+        **({"mlflow_run": dg.MetadataValue.url(tracked.run_url)} if tracked.run_url else {}),
+        "mlflow_model_version": dg.MetadataValue.url(version_url),
+        "mlflow_run_id": tracked.run_id,
+        "mlflow_tracking_uri": tracking.tracking_uri,
+        "model_version": f"{tracked.model_name} v{tracked.model_version} (alias candidate)",
+        "model_uri": tracked.model_uri,
+        "test_accuracy": metadata.number(metrics["accuracy"]),
+        "majority_baseline_accuracy": metadata.number(metrics["majority_baseline_accuracy"]),
+        "test_roc_auc": metadata.number(metrics["roc_auc"]),
+        "test_macro_f1": metadata.number(metrics["macro_f1"]),
+        "confusion_matrix": metadata.confusion(tracked.training.test.confusion_matrix, tracked.training.class_names),
+        "epochs_run": len(tracked.training.epochs),
+        "best_epoch": human_epoch(tracked.training.best_epoch),  # counted from 1, as people count
+        "resumed_from_epoch": tracked.training.resumed_from_epoch,
+        "training_seconds": round(tracked.training.seconds, 1),
+        "hardware": f"{tracked.hardware['kind']}: "
+        + ("; ".join(tracked.hardware["gpus"]) or f"{tracked.hardware['cpu_model']} x{tracked.hardware['cpu_cores']}"),
+        "strategy": f"{tracked.training.strategy} x{tracked.training.replicas} ({tracked.training.precision_policy})",
+        "partitions": ", ".join(partitions),
+        "data_digest": tracked.data_digest,
+        "image_features_snapshot_id": str(files.snapshot_id),
+        **searched_metadata(searched),
+        "path": dg.MetadataValue.path(folder),
+    }
 
 
 def searched_metadata(searched: Optional[dict]) -> dict:

@@ -361,32 +361,15 @@ def _run_worker(spec_path: str) -> None:
     initial_epoch = _restore(model, checkpoints)
     global_batch = config.batch_size * strategy.num_replicas_in_sync
     weights = index.class_weights() if config.class_weighting else None
-    # Each worker reads its own shard (and the whole validation split), so TensorFlow must not shard again.
-    # Keras splits every batch of `global_batch` rows into per-replica batches: a step on a worker takes
-    # `per_replica` rows of its own shard.
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    train_data = make_dataset(
-        job.files,
-        index,
-        "train",
-        global_batch,
-        shuffle=True,
-        augment=config.augment,
-        seed=config.seed,
-        shuffle_buffer=config.shuffle_buffer,
-        shard=shard,
-        soft_targets=config.soft_targets,
-    )
-    validation_data = make_dataset(job.files, index, "validation", global_batch, soft_targets=config.soft_targets)
+    train_data, validation_data = _worker_datasets(job, shard, global_batch)
 
     _work_around_keras_multi_worker(model, strategy, next(iter(validation_data.take(1))))
     counter, checkpoint = _worker_callbacks(checkpoints, worker == CHIEF, Path(spec["out"]) / "checkpoint")
     recorder = train._epoch_recorder(None)
     early_stopping = train._early_stopping(config)
     model.fit(
-        train_data.repeat().with_options(options),
-        validation_data=validation_data.with_options(options),
+        train_data.repeat(),
+        validation_data=validation_data,
         class_weight=weights,
         steps_per_epoch=train.steps_per_epoch(index, global_batch),
         epochs=config.epochs,
@@ -425,6 +408,32 @@ def _run_worker(spec_path: str) -> None:
         for name in (_WEIGHTS, _STATE):  # done: the next run with this fingerprint starts afresh
             (checkpoints / name).unlink(missing_ok=True)
     (Path(spec["out"]) / "result.pkl").write_bytes(pickle.dumps(result))
+
+
+def _worker_datasets(job: _Job, shard, global_batch: int) -> tuple[Any, Any]:
+    """This worker's training shard (repeated by the caller) and the whole validation split."""
+    import tensorflow as tf
+
+    config, index = job.config, job.index
+    # Each worker reads its own shard (and the whole validation split), so TensorFlow must not shard again.
+    # Keras splits every batch of `global_batch` rows into per-replica batches: a step on a worker takes
+    # `per_replica` rows of its own shard.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    train_data = make_dataset(
+        job.files,
+        index,
+        "train",
+        global_batch,
+        shuffle=True,
+        augment=config.augment,
+        seed=config.seed,
+        shuffle_buffer=config.shuffle_buffer,
+        shard=shard,
+        soft_targets=config.soft_targets,
+    )
+    validation_data = make_dataset(job.files, index, "validation", global_batch, soft_targets=config.soft_targets)
+    return train_data.with_options(options), validation_data.with_options(options)
 
 
 def _work_around_keras_multi_worker(model: Any, strategy: Any, local_batch: Any) -> None:

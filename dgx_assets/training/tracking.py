@@ -24,7 +24,7 @@ from dgx_assets.tracking.lineage import (
     DagsterLineage,
     FileEntry,
     dataset_digest,
-    feature_dataset,
+    log_feature_inputs,
 )
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS, CHAMPION_ALIAS
 from dgx_assets.tracking.run import prepare_run
@@ -93,8 +93,6 @@ def train_and_track(
     setup = prepare_run(tracking, lineage, files, "trained_model")
     client, experiment_id, entries = setup.client, setup.experiment_id, setup.entries
     commit, hardware = setup.commit, setup.hardware
-    train_digest = dataset_digest(entries, ["train", "validation"])
-    test_digest = dataset_digest(entries, ["test"])
     data_digest = dataset_digest(entries, ["train", "validation", "test"])
     checkpoint_dir = str(Path(checkpoint_root) / config.fingerprint(data_digest))
     run_name = setup.run_name
@@ -115,26 +113,8 @@ def train_and_track(
         mlflow.log_dict(hardware, "hardware/baseline.json")
         if hardware.get("nvidia_smi_query"):
             mlflow.log_text(hardware["nvidia_smi_query"], "hardware/nvidia-smi-q.txt")
-        mlflow.log_dict(
-            {
-                "features_uri": features_uri,
-                "partition_keys": list(lineage.partition_keys),
-                "files": [dataclasses.asdict(e) for e in entries],
-                "split_counts": index.counts,
-                "failed_feature_rows": index.failed_rows,
-            },
-            "datasets/feature_files.json",
-        )
-        for context, digest, splits in (("training", train_digest, ["train", "validation"]), ("test", test_digest, ["test"])):
-            profile = {
-                "num_rows": sum(index.rows(split) for split in splits),
-                "splits": {split: index.counts[split] for split in splits},
-                "files": len(entries),
-                "partitions": list(lineage.partition_keys)[:200],
-                "sha256": digest,
-            }
-            dataset = feature_dataset(f"image_features[{'+'.join(splits)}]", files, features_uri, digest, profile)
-            mlflow.log_input(dataset, context=context, tags={"splits": ",".join(splits)})
+        failed = {"failed_feature_rows": index.failed_rows}
+        log_feature_inputs(mlflow, files, features_uri, entries, lineage, index.counts, failed)
 
         def log_epoch(epoch: int, values: dict[str, float]) -> None:
             now = int(time.time() * 1000)
@@ -145,43 +125,7 @@ def train_and_track(
 
         result = (trainer or train_classifier)(files, config, checkpoint_dir, on_epoch_end=log_epoch, index=index)
 
-        if result.head_warm_start is not None:
-            mlflow.set_tag("dgx.head_warm_start", result.head_warm_start.reason)
-        mlflow.log_params(
-            result.params
-            | {
-                "global_batch_size": config.batch_size * result.replicas,
-                "train_images": index.rows("train"),
-                "validation_images": index.rows("validation"),
-                "test_images": index.rows("test"),
-            }
-        )
-        # The final evaluation gets a step of its own, after the last epoch: the logged model links the metrics
-        # of the step it is logged at, so it carries the test metrics and not an epoch's training metrics.
-        evaluation_step = max(result.epochs, default=-1) + 1
-        test_metrics = {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
-        mlflow.log_metrics(test_metrics | {"training_seconds": result.seconds}, step=evaluation_step)
-        mlflow.set_tags(
-            {
-                "dgx.resumed_from_epoch": str(result.resumed_from_epoch),
-                "dgx.best_epoch": str(human_epoch(result.best_epoch)),
-                "dgx.class_names": json.dumps(result.class_names),
-                "dgx.decision": json.dumps(result.decision.to_dict()),
-            }
-        )
-        mlflow.log_dict(
-            {
-                "class_names": result.class_names,
-                "class_weights": result.class_weights,
-                "confusion_matrix": result.test.confusion_matrix,
-            },
-            "evaluation/test_report.json",
-        )
-        from dgx_assets.training.figures import figures
-
-        for artifact, figure in figures(result).items():
-            mlflow.log_figure(figure, artifact)
-
+        evaluation_step = _log_result(mlflow, result, config, index)
         model_info = _log_model(mlflow, result, tracking.registered_model_name, step=evaluation_step)
         version = str(model_info.registered_model_version)
         _describe(client, tracking, run_id, version, result, lineage, dagster_run_url)
@@ -205,6 +149,47 @@ def train_and_track(
         backbone=resolved.backbone,
         pretrained_weights=weights,
     )
+
+
+def _log_result(mlflow, result, config: TrainConfig, index) -> int:
+    """The trained model's parameters, test metrics, decision and figures; returns the evaluation's step."""
+    if result.head_warm_start is not None:
+        mlflow.set_tag("dgx.head_warm_start", result.head_warm_start.reason)
+    mlflow.log_params(
+        result.params
+        | {
+            "global_batch_size": config.batch_size * result.replicas,
+            "train_images": index.rows("train"),
+            "validation_images": index.rows("validation"),
+            "test_images": index.rows("test"),
+        }
+    )
+    # The final evaluation gets a step of its own, after the last epoch: the logged model links the metrics
+    # of the step it is logged at, so it carries the test metrics and not an epoch's training metrics.
+    evaluation_step = max(result.epochs, default=-1) + 1
+    test_metrics = {f"test_{k}": v for k, v in result.test.metrics.items() if math.isfinite(v)}
+    mlflow.log_metrics(test_metrics | {"training_seconds": result.seconds}, step=evaluation_step)
+    mlflow.set_tags(
+        {
+            "dgx.resumed_from_epoch": str(result.resumed_from_epoch),
+            "dgx.best_epoch": str(human_epoch(result.best_epoch)),
+            "dgx.class_names": json.dumps(result.class_names),
+            "dgx.decision": json.dumps(result.decision.to_dict()),
+        }
+    )
+    mlflow.log_dict(
+        {
+            "class_names": result.class_names,
+            "class_weights": result.class_weights,
+            "confusion_matrix": result.test.confusion_matrix,
+        },
+        "evaluation/test_report.json",
+    )
+    from dgx_assets.training.figures import figures
+
+    for artifact, figure in figures(result).items():
+        mlflow.log_figure(figure, artifact)
+    return evaluation_step
 
 
 def pretrained_weights_params(config: TrainConfig) -> dict[str, str]:

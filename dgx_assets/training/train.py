@@ -86,6 +86,45 @@ def train_classifier(
     index = index or scan_features(files)
     started = time.monotonic()
 
+    strategy, policy = _strategy_and_policy(config)
+    global_batch = config.batch_size * strategy.num_replicas_in_sync
+
+    model = compiled_classifier(config, index, strategy, policy)
+    head_start = None
+    if config.backbone == EFFICIENTNET_LITE0 and config.head_warm_start:
+        head_start = warm_start_head(model, files, index, config.seed, balanced=config.class_weighting)
+
+    recorder, best_epoch, class_weights = _fit(
+        model, files, index, config, global_batch, checkpoint_dir, on_epoch_end, extra_callbacks
+    )
+
+    if config.test_time_augmentation:
+        model = with_dihedral_views(model)
+    decision = choose_decision(model, files, index, config, global_batch)
+    test = evaluate(model, make_dataset(files, index, "test", global_batch), index, decision)
+    return TrainingResult(
+        head_warm_start=head_start,
+        model=model,
+        class_names=list(index.class_names),
+        input_shape=list(index.tensor_shape),
+        history=recorder.history,
+        epochs=recorder.epochs,
+        resumed_from_epoch=recorder.epochs[0] if recorder.epochs else config.epochs,
+        best_epoch=best_epoch,
+        test=test,
+        strategy=type(strategy).__name__,
+        replicas=int(strategy.num_replicas_in_sync),
+        precision_policy=policy,
+        split_counts=index.counts,
+        class_weights={name: round((class_weights or {}).get(i, 1.0), 6) for i, name in enumerate(index.class_names)},
+        seconds=time.monotonic() - started,
+        decision=decision,
+    )
+
+
+def _strategy_and_policy(config: TrainConfig) -> tuple[Any, str]:
+    """Seeds and determinism as configured; MirroredStrategy over the visible GPUs (mixed precision on GPUs with
+    `mixed_precision: auto`), one CPU replica otherwise."""
     import keras
     import tensorflow as tf
 
@@ -96,13 +135,13 @@ def train_classifier(
         tf.config.experimental.disable_op_determinism()
     gpus = tf.config.list_physical_devices("GPU")
     strategy = tf.distribute.MirroredStrategy() if gpus else tf.distribute.MirroredStrategy(["/cpu:0"])
-    policy = "mixed_float16" if gpus and config.mixed_precision == "auto" else "float32"
-    global_batch = config.batch_size * strategy.num_replicas_in_sync
+    return strategy, "mixed_float16" if gpus and config.mixed_precision == "auto" else "float32"
 
-    model = compiled_classifier(config, index, strategy, policy)
-    head_start = None
-    if config.backbone == EFFICIENTNET_LITE0 and config.head_warm_start:
-        head_start = warm_start_head(model, files, index, config.seed, balanced=config.class_weighting)
+
+def _fit(model, files, index, config: TrainConfig, global_batch: int, checkpoint_dir: str, on_epoch_end, extra_callbacks):
+    """Fit with checkpoints, early stopping and the learning-rate schedule; returns the epoch recorder, the best
+    epoch restored (None when early stopping kept the last) and the class weights used."""
+    import keras
 
     train_data = make_dataset(
         files,
@@ -143,29 +182,7 @@ def train_classifier(
     best_epoch = None
     if early_stopping.best_epoch is not None and early_stopping.best_weights is not None:
         best_epoch = int(early_stopping.best_epoch)
-
-    if config.test_time_augmentation:
-        model = with_dihedral_views(model)
-    decision = choose_decision(model, files, index, config, global_batch)
-    test = evaluate(model, make_dataset(files, index, "test", global_batch), index, decision)
-    return TrainingResult(
-        head_warm_start=head_start,
-        model=model,
-        class_names=list(index.class_names),
-        input_shape=list(index.tensor_shape),
-        history=recorder.history,
-        epochs=recorder.epochs,
-        resumed_from_epoch=recorder.epochs[0] if recorder.epochs else config.epochs,
-        best_epoch=best_epoch,
-        test=test,
-        strategy=type(strategy).__name__,
-        replicas=int(strategy.num_replicas_in_sync),
-        precision_policy=policy,
-        split_counts=index.counts,
-        class_weights={name: round((class_weights or {}).get(i, 1.0), 6) for i, name in enumerate(index.class_names)},
-        seconds=time.monotonic() - started,
-        decision=decision,
-    )
+    return recorder, best_epoch, class_weights
 
 
 def compiled_classifier(config: TrainConfig, index: FeatureIndex, strategy: Any, policy: str) -> Any:
