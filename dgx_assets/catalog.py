@@ -13,6 +13,7 @@ snapshot id goes into the lineage, so the same rows can be read again later (tim
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import posixpath
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from dgx_assets.lake import PARTITION_COLUMN, filesystem_for, normalize_uri, path_of, visible_files
+from dgx_assets.locks import file_lock
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -123,12 +125,15 @@ class LakeTables:
                     "hdfs:// URI; the rest of the lake may stay on webhdfs://"
                 )
             properties = catalog_properties(self.catalog_uri, normalize_uri(self.warehouse))
+            initialising = contextlib.nullcontext()
             if properties["uri"].startswith("sqlite:///"):
-                from pathlib import Path
-
-                Path(properties["uri"].removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            self._catalog = load_catalog(NAMESPACE, **properties)
-            self._catalog.create_namespace_if_not_exists(NAMESPACE)
+                # The first use of a sqlite catalog creates its tables and the namespace, each a check then a
+                # write: processes starting at once (Spark tasks, a sensor's runs) would break each other's.
+                initialising = file_lock(properties["uri"].removeprefix("sqlite:///") + ".init.lock")
+            with initialising:
+                catalog = load_catalog(NAMESPACE, **properties)
+                catalog.create_namespace_if_not_exists(NAMESPACE)
+            self._catalog = catalog
         return self._catalog
 
     # --- reading ------------------------------------------------------------------------------------

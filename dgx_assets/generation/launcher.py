@@ -7,7 +7,6 @@ Nothing here imports paddle: the servers are separate interpreters.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dgx_assets import settings
+from dgx_assets.locks import file_lock
 
 # What a generator folder holds; build_generator moves them in in this order, so the metadata arriving means all are whole.
 MODEL_FILES = ("generator.json", "generator.pdiparams", "generator_meta.json")
@@ -257,7 +257,5 @@ def ensure_generator(out_dir: str | Path, quick: bool = False, extra_args: list[
 def generator_build_lock(out_dir: str | Path) -> Iterator[None]:
     """Held while a generator is built into `out_dir`; a lock file beside it, so other processes see it too."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    with file_lock(out.parent / f".{out.name}.lock"):
         yield

@@ -117,3 +117,24 @@ def test_two_processes_materializing_raw_images_for_different_batches_both_land(
             == len(read_rows(lake_root, "raw_images", batch))
             > 0
         )
+
+
+OPEN_CATALOG_AT = """
+import sys, time
+from dgx_assets.lake import Lake
+tables = Lake(sys.argv[1]).tables
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+tables.catalog
+"""
+
+
+@pytest.mark.timeout(300)
+def test_processes_opening_a_new_lakes_catalog_at_the_same_moment_all_succeed(tmp_path):
+    """The first use of a lake creates its namespace; processes that race to create it must all go on."""
+    for attempt in range(3):
+        start_at = str(time.time() + 8)  # after every process has imported pyiceberg
+        openers = [
+            subprocess.Popen([sys.executable, "-c", OPEN_CATALOG_AT, str(tmp_path / f"lake{attempt}"), start_at])
+            for _ in range(6)
+        ]
+        assert [opener.wait(timeout=120) for opener in openers] == [0] * 6
