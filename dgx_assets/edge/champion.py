@@ -14,11 +14,11 @@ from dgx_assets.edge.assets import EDGE_OWNERS, edge_model
 from dgx_assets.edge.promotion import HELD_BACK, Criterion, Gate, PromotionOutcome
 from dgx_assets.metadata import table, thresholds
 from dgx_assets.resources import LakeResource, MlflowResource
-from dgx_assets.training.checks import beats_baseline_and_champion
+from dgx_assets.training.checks import MODEL_GATE_CHECK
 
-# The checks a version must pass to become champion, known from their definitions: trained_model's (a Dagster
-# blocking check) and edge_model's parity (run in edge_model's own step).
-PROMOTION_CHECKS = tuple(sorted({*beats_baseline_and_champion.check_keys, *edge_model.check_keys}, key=str))
+# The checks a version must pass to become champion, known from their definitions: trained_model's gate and
+# edge_model's parity, each judged in its asset's own step, so both are in before champion_model runs.
+PROMOTION_CHECKS = tuple(sorted({MODEL_GATE_CHECK.key, *edge_model.check_keys}, key=str))
 FIX_THEN = "then materialize champion_model again (or Materialize all)"
 
 

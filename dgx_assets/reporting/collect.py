@@ -236,25 +236,23 @@ def latest_metadata(instance, asset_key) -> dict | None:
 
 
 def model_gate(instance, model: dict | None) -> dict | None:
-    """trained_model's gate as its latest evaluation ran it: the accuracy to reach (majority baseline + margin, the
-    margin from that run's config of the check, else its default) and whether it passed."""
-    from dgx_assets.training.checks import ModelGateConfig, beats_baseline_and_champion
+    """trained_model's gate as its latest evaluation judged it: the accuracy to reach (majority baseline + the margin
+    that evaluation used) and whether it passed."""
+    from dgx_assets.training.checks import MODEL_GATE_CHECK, ModelGateSettings
 
-    key = next(iter(beats_baseline_and_champion.check_keys))
-    record = instance.get_latest_asset_check_evaluation_record(key)
+    record = instance.get_latest_asset_check_evaluation_record(MODEL_GATE_CHECK.key)
     evaluation = record.event.asset_check_evaluation if record and record.event else None
     metrics = (model or {}).get("test_metrics") or {}
     if evaluation is None or metrics.get("majority_baseline_accuracy") is None:
         return None
-    run = instance.get_run_by_id(record.run_id)
-    ops = (run.run_config or {}).get("ops", {}) if run else {}
-    config = ModelGateConfig(**(ops.get(beats_baseline_and_champion.node_def.name, {}).get("config") or {}))
+    recorded = {key: getattr(value, "value", value) for key, value in (evaluation.metadata or {}).items()}
+    margin = recorded.get("min_margin_over_baseline", ModelGateSettings().min_margin_over_baseline)
     baseline = metrics["majority_baseline_accuracy"]
     return {
         "accuracy": metrics.get("accuracy"),
         "baseline": baseline,
-        "margin": config.min_margin_over_baseline,
-        "threshold": baseline + config.min_margin_over_baseline,
+        "margin": margin,
+        "threshold": baseline + margin,
         "passed": bool(evaluation.passed),
     }
 

@@ -14,6 +14,7 @@ from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
+from dgx_assets.training.checks import MODEL_GATE_CHECK, ModelGateSettings, model_gate_result
 from dgx_assets.training.config import FeatureConfig, TrainConfig, human_epoch
 from dgx_assets.tuning.best_config import SEARCH_ASSET
 
@@ -160,7 +161,7 @@ def _feature_overview(store, batch: str, snapshot_id: int) -> dict:
     }
 
 
-class TrainedModelConfig(dg.Config, TrainConfig):
+class TrainedModelConfig(dg.Config, TrainConfig, ModelGateSettings):
     checkpoint_dir: Optional[str] = Field(
         None, description="Where per-epoch checkpoints live so an interrupted run resumes; default <DGX state>/checkpoints"
     )
@@ -184,6 +185,7 @@ class TrainedModelConfig(dg.Config, TrainConfig):
     kinds={"tensorflow", "mlflow"},
     owners=TRAINING_OWNERS,
     code_version=TRAINED_MODEL_CODE_VERSION,
+    check_specs=[MODEL_GATE_CHECK],
     op_tags={
         **gpu_step_tags(gpus=1),  # the step pod on a GPU node under dagster-k8s; ignored elsewhere
         # The longest step starts first among those ready, so the shorter ones (and the local generator's
@@ -256,7 +258,10 @@ def trained_model(
 
     info = model_info(tracked, tracking.tracking_uri, store, list(partitions), files.snapshot_id)
     folder = write_model_outputs(store, tracked, info)
-    return dg.MaterializeResult(metadata=_trained_model_metadata(tracked, tracking, files, partitions, searched, folder))
+    return dg.MaterializeResult(
+        metadata=_trained_model_metadata(tracked, tracking, files, partitions, searched, folder),
+        check_results=[model_gate_result(info, tracking.tracking_uri, config)],
+    )
 
 
 def _trainer_for(context: dg.AssetExecutionContext, config: TrainedModelConfig, spark: SparkResource):

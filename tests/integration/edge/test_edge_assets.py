@@ -2,8 +2,8 @@
 MLflow resources, and the quality report of the same run.
 
 trained_model (issue 3) is stood in for by a small asset that writes exactly what its contract says —
-`<lake>/trained_model/model.keras`, `model_info.json`, an MLflow run and a registered version — plus its
-blocking check, under the real check's name, with a verdict the test chooses. raw_images and image_features
+`<lake>/trained_model/model.keras`, `model_info.json`, an MLflow run and a registered version — plus its gate,
+the real check spec judged in its step, with a verdict the test chooses. raw_images and image_features
 rows are written per the table layout of docs/architecture.md.
 """
 
@@ -20,6 +20,7 @@ from support.lake_tables import commit_rows
 from dgx_assets.edge.definitions import defs as edge_defs
 from dgx_assets.reporting.definitions import defs as reporting_defs
 from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.training.checks import MODEL_GATE_CHECK
 
 MODEL_NAME = "dgx_defect_classifier"
 
@@ -29,8 +30,8 @@ class StandInCheckConfig(dg.Config):
 
 
 def stand_in_trained_model(model_path):
-    @dg.asset(name="trained_model")
-    def trained_model(lake: LakeResource, mlflow: MlflowResource) -> None:
+    @dg.asset(name="trained_model", check_specs=[MODEL_GATE_CHECK])
+    def trained_model(config: StandInCheckConfig, lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri=mlflow.resolved_tracking_uri)
@@ -58,12 +59,14 @@ def stand_in_trained_model(model_path):
             "feature_snapshot_id": str(store.tables.snapshot("image_features").snapshot_id),
         }
         store.write_bytes(f"{base}/model_info.json", json.dumps(info).encode())
+        verdict = dg.AssetCheckResult(
+            check_name=MODEL_GATE_CHECK.name,
+            passed=config.passes,
+            description=None if config.passes else "accuracy 0.5 is no better",
+        )
+        return dg.MaterializeResult(check_results=[verdict])
 
-    @dg.asset_check(asset=trained_model, name="beats_baseline_and_champion", blocking=True)
-    def beats_baseline(config: StandInCheckConfig) -> dg.AssetCheckResult:
-        return dg.AssetCheckResult(passed=config.passes, description=None if config.passes else "accuracy 0.5 is no better")
-
-    return trained_model, beats_baseline
+    return trained_model
 
 
 def write_tables(lake_root, dataset) -> None:
@@ -119,10 +122,10 @@ def edge_env(tmp_path, edge_dataset, trained_classifier):
         "lake": LakeResource(root=str(tmp_path / "lake")),
         "mlflow": MlflowResource(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"),
     }
-    trained_model, beats_baseline = stand_in_trained_model(trained_classifier.path)
+    trained_model = stand_in_trained_model(trained_classifier.path)
     with dg.instance_for_test() as instance:
         yield {
-            "assets": [trained_model, beats_baseline, *edge_defs.assets],
+            "assets": [trained_model, *edge_defs.assets],
             "resources": resources,
             "instance": instance,
             "lake": tmp_path / "lake",
@@ -133,7 +136,7 @@ def edge_env(tmp_path, edge_dataset, trained_classifier):
 def run(env, selection=None, trained_passes=True, edge_config=None, report=False):
     run_config = {"ops": {}}
     if selection is None:
-        run_config["ops"]["trained_model_beats_baseline_and_champion"] = {"config": {"passes": trained_passes}}
+        run_config["ops"]["trained_model"] = {"config": {"passes": trained_passes}}
     if edge_config:
         run_config["ops"]["edge_model"] = {"config": edge_config}
     # Through a Definitions' asset job, as the webserver and daemon launch it (a repository is set).
@@ -223,18 +226,14 @@ def test_edge_model_materializes_logs_to_mlflow_and_champion_model_promotes_when
     assert champion(edge_env) == "1"
 
 
-def test_a_failed_trained_model_check_skips_edge_model_and_a_later_promotion_is_held_back(edge_env):
+def test_a_failed_trained_model_gate_holds_the_version_back_in_the_same_run(edge_env):
     assert run(edge_env).success and champion(edge_env) == "1"
 
-    result = run(edge_env, trained_passes=False)  # registers version 2, whose blocking check fails
-    assert not check_result(result, "beats_baseline_and_champion").passed
-    assert not materialized(result, "edge_model") and not materialized(result, "champion_model")  # blocked downstream
-    assert champion(edge_env) == "1"
-
-    # Materialized later in a run of their own, edge_model and champion_model still honour trained_model's failed
-    # check: the version is held back, the page says why, and the champion stays.
-    result = run(edge_env, selection=["edge_model", "champion_model"])
-    assert result.success and check_result(result, "parity").passed
+    # Registers version 2, whose gate fails: not a failed run, a decision champion_model records, and the same
+    # run's quality report explains.
+    result = run(edge_env, trained_passes=False, report=True)
+    assert result.success and not check_result(result, "beats_baseline_and_champion").passed
+    assert materialized(result, "edge_model") and materialized(result, "quality_report")
     decision = result.asset_materializations_for_node("champion_model")[0].metadata
     assert decision["decision"].value == "held back"
     assert decision["outcome"].value == f"{MODEL_NAME} v2 not promoted, stays candidate; the champion stays v1"

@@ -1,5 +1,6 @@
 """The Dagster layer: image_features and trained_model materialized for real (Spark, TensorFlow, MLflow), the
-blocking gate, the retraining schedule and job, and the automation that follows new raw_images batches."""
+promotion gate trained_model judges in its step, the retraining schedule and job, and the automation that follows
+new raw_images batches."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
 from dgx_assets.training.assets import TRAINED_MODEL_CODE_VERSION, image_features, trained_model
-from dgx_assets.training.checks import beats_baseline_and_champion, evaluate_gate
+from dgx_assets.training.checks import ModelGateSettings, evaluate_gate, model_gate_result
 from dgx_assets.training.definitions import defs as training_defs
 from dgx_assets.training.schedules import build_retraining_schedule, retraining_schedule_from_env
 
@@ -60,7 +61,7 @@ def trained(platform):
         )
         assert result.success
     result = dg.materialize(
-        [trained_model, beats_baseline_and_champion],
+        [trained_model],
         instance=instance,
         resources=resources,
         run_config={"ops": {"trained_model": {"config": _training_config(root)}}},
@@ -140,22 +141,17 @@ def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained
     assert "no champion yet" in evaluation.description
 
 
-def _run_gate(platform, **config) -> dg.AssetCheckEvaluation:
-    instance, resources, _ = platform
-    result = dg.materialize(
-        [trained_model, beats_baseline_and_champion],
-        instance=instance,
-        resources=resources,
-        selection=dg.AssetSelection.checks(beats_baseline_and_champion),
-        run_config={"ops": {"trained_model_beats_baseline_and_champion": {"config": config}}},
-        raise_on_error=False,
-    )
-    return result.get_asset_check_evaluations()[0]
+def _run_gate(platform, **config) -> dg.AssetCheckResult:
+    """The gate on the version `trained` registered, judged again with other settings (no retraining)."""
+    instance, resources, root = platform
+    info = json.loads((root / "lake" / "trained_model" / "model_info.json").read_text())
+    return model_gate_result(info, resources["mlflow"].resolved_tracking_uri, ModelGateSettings(**config))
 
 
 def test_gate_fails_a_model_that_does_not_beat_guessing_by_the_margin(platform, trained):
     evaluation = _run_gate(platform, min_margin_over_baseline=1.0)
     assert not evaluation.passed and "majority baseline" in evaluation.description
+    assert "To fix:" in evaluation.description and evaluation.metadata["min_margin_over_baseline"].value == 1.0
 
 
 def test_gate_compares_with_the_champion(platform, trained):
@@ -303,3 +299,20 @@ def test_new_raw_images_batch_brings_its_features_up_to_date():
         second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert second.total_requested == 1
         assert second.get_requested_partitions(dg.AssetKey("image_features")) == {"b1"}
+
+
+def test_a_failing_gate_is_recorded_and_does_not_fail_the_step(platform, trained):
+    """Held back, not failed: the step succeeds and the check, judged in the step on this materialization, says
+    why. Last in this file: it replaces the model the tests above read."""
+    instance, resources, root = platform
+    config = _training_config(root, epochs=1, min_margin_over_baseline=1.0)
+    result = dg.materialize(
+        [trained_model], instance=instance, resources=resources, run_config={"ops": {"trained_model": {"config": config}}}
+    )
+    assert result.success
+    evaluation = result.get_asset_check_evaluations()[0]
+    assert evaluation.check_name == "beats_baseline_and_champion" and not evaluation.passed
+    assert (
+        evaluation.target_materialization_data.storage_id
+        == instance.fetch_materializations(dg.AssetKey("trained_model"), limit=1).records[0].storage_id
+    )
