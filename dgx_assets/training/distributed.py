@@ -414,25 +414,15 @@ def _worker_datasets(job: _Job, shard, global_batch: int) -> tuple[Any, Any]:
     """This worker's training shard (repeated by the caller) and the whole validation split."""
     import tensorflow as tf
 
+    from dgx_assets.training import train
+
     config, index = job.config, job.index
     # Each worker reads its own shard (and the whole validation split), so TensorFlow must not shard again.
     # Keras splits every batch of `global_batch` rows into per-replica batches: a step on a worker takes
     # `per_replica` rows of its own shard.
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    train_data = make_dataset(
-        job.files,
-        index,
-        "train",
-        global_batch,
-        shuffle=True,
-        augment=config.augment,
-        seed=config.seed,
-        shuffle_buffer=config.shuffle_buffer,
-        shard=shard,
-        soft_targets=config.soft_targets,
-    )
-    validation_data = make_dataset(job.files, index, "validation", global_batch, soft_targets=config.soft_targets)
+    train_data, validation_data = train.training_datasets(job.files, index, config, global_batch, shard)
     return train_data.with_options(options), validation_data.with_options(options)
 
 

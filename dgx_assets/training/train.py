@@ -138,11 +138,8 @@ def _strategy_and_policy(config: TrainConfig) -> tuple[Any, str]:
     return strategy, "mixed_float16" if gpus and config.mixed_precision == "auto" else "float32"
 
 
-def _fit(model, files, index, config: TrainConfig, global_batch: int, checkpoint_dir: str, on_epoch_end, extra_callbacks):
-    """Fit with checkpoints, early stopping and the learning-rate schedule; returns the epoch recorder, the best
-    epoch restored (None when early stopping kept the last) and the class weights used."""
-    import keras
-
+def training_datasets(files, index, config: TrainConfig, global_batch: int, shard=None) -> tuple[Any, Any]:
+    """The shuffled, augmented training split (one worker's ``shard`` of it under Spark) and the validation split."""
     train_data = make_dataset(
         files,
         index,
@@ -152,9 +149,18 @@ def _fit(model, files, index, config: TrainConfig, global_batch: int, checkpoint
         augment=config.augment,
         seed=config.seed,
         shuffle_buffer=config.shuffle_buffer,
+        shard=shard,
         soft_targets=config.soft_targets,
     )
-    validation_data = make_dataset(files, index, "validation", global_batch, soft_targets=config.soft_targets)
+    return train_data, make_dataset(files, index, "validation", global_batch, soft_targets=config.soft_targets)
+
+
+def _fit(model, files, index, config: TrainConfig, global_batch: int, checkpoint_dir: str, on_epoch_end, extra_callbacks):
+    """Fit with checkpoints, early stopping and the learning-rate schedule; returns the epoch recorder, the best
+    epoch restored (None when early stopping kept the last) and the class weights used."""
+    import keras
+
+    train_data, validation_data = training_datasets(files, index, config, global_batch)
     recorder = _epoch_recorder(on_epoch_end)
     early_stopping = _early_stopping(config)
     callbacks = [
