@@ -198,6 +198,23 @@ def test_bad_training_setting_fails_the_run_with_a_message_naming_it(platform, t
     assert "unknown backbone 'vgg99' (setting 'backbone')" in failure.step_failure_data.error.message
 
 
+def test_a_failing_gate_is_recorded_and_does_not_fail_the_step(platform, trained):
+    """Held back, not failed: the step succeeds and the check, judged in the step on this materialization, says
+    why. After the tests that read `trained`'s model: this run replaces it, as the two after it do."""
+    instance, resources, root = platform
+    config = _training_config(root, epochs=1, min_margin_over_baseline=1.0)
+    result = dg.materialize(
+        [trained_model], instance=instance, resources=resources, run_config={"ops": {"trained_model": {"config": config}}}
+    )
+    assert result.success
+    evaluation = result.get_asset_check_evaluations()[0]
+    assert evaluation.check_name == "beats_baseline_and_champion" and not evaluation.passed
+    assert (
+        evaluation.target_materialization_data.storage_id
+        == instance.fetch_materializations(dg.AssetKey("trained_model"), limit=1).records[0].storage_id
+    )
+
+
 def test_trained_model_says_when_it_took_the_searched_hyperparameters(platform, trained):
     from mlflow import MlflowClient
 
@@ -299,20 +316,3 @@ def test_new_raw_images_batch_brings_its_features_up_to_date():
         second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert second.total_requested == 1
         assert second.get_requested_partitions(dg.AssetKey("image_features")) == {"b1"}
-
-
-def test_a_failing_gate_is_recorded_and_does_not_fail_the_step(platform, trained):
-    """Held back, not failed: the step succeeds and the check, judged in the step on this materialization, says
-    why. Last in this file: it replaces the model the tests above read."""
-    instance, resources, root = platform
-    config = _training_config(root, epochs=1, min_margin_over_baseline=1.0)
-    result = dg.materialize(
-        [trained_model], instance=instance, resources=resources, run_config={"ops": {"trained_model": {"config": config}}}
-    )
-    assert result.success
-    evaluation = result.get_asset_check_evaluations()[0]
-    assert evaluation.check_name == "beats_baseline_and_champion" and not evaluation.passed
-    assert (
-        evaluation.target_materialization_data.storage_id
-        == instance.fetch_materializations(dg.AssetKey("trained_model"), limit=1).records[0].storage_id
-    )
