@@ -69,12 +69,12 @@ def spark_session():
 def ingest(spark, landing: Path, batch: str, lake_root: Path):
     """raw_images for one batch via the project's Spark ingest, committed to a lake's table (untimed input
     preparation, once); the batch's files in the table's snapshot."""
-    from dgx_assets.ingest import spark_ingest
+    from dgx_assets.ingest import images, spark_ingest
     from dgx_assets.lake import Lake
 
     tables = Lake(str(lake_root)).tables
     if not tables.snapshot("raw_images", batch=batch).uris:
-        frame = spark_ingest.build_raw_images(spark, f"{landing.as_uri()}/{batch}", spark_ingest.IngestSettings())
+        frame = spark_ingest.build_raw_images(spark, f"{landing.as_uri()}/{batch}", images.IngestSettings())
         tables.write_and_commit(
             "raw_images", spark_ingest.RAW_IMAGES_SCHEMA, lambda folder: spark_ingest.write_raw_images(frame, folder), batch
         )

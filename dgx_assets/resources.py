@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 import dagster as dg
 
 from dgx_assets import settings
-from dgx_assets.tracking.store import DEFAULT_EXPERIMENT, DEFAULT_REGISTERED_MODEL, TrackingConfig
+from dgx_assets.tracking.store import TrackingConfig, TrackingSettings
 
 if TYPE_CHECKING:
     from dgx_assets.lake import Lake
@@ -40,13 +40,8 @@ class LakeResource(dg.ConfigurableResource):
         return self.prompts or settings.prompts_uri(self.lake.root)
 
 
-class MlflowResource(dg.ConfigurableResource):
+class MlflowResource(dg.ConfigurableResource, TrackingSettings):
     """The MLflow tracking store and the registered model every training run versions."""
-
-    tracking_uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else sqlite under .dgx/
-    experiment_name: str = DEFAULT_EXPERIMENT
-    registered_model_name: str = DEFAULT_REGISTERED_MODEL
-    ui_url: Optional[str] = None  # None: DGX_MLFLOW_UI_URL, else what `make mlflow-ui` serves
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -59,9 +54,9 @@ class MlflowResource(dg.ConfigurableResource):
     def tracking_config(self, registered_model_name: Optional[str] = None) -> TrackingConfig:
         """The settings a tracked run takes, resolved now (another registered name for another model family)."""
         return TrackingConfig(
-            self.resolved_tracking_uri,
-            self.experiment_name,
-            registered_model_name or self.registered_model_name,
+            tracking_uri=self.resolved_tracking_uri,
+            experiment_name=self.experiment_name,
+            registered_model_name=registered_model_name or self.registered_model_name,
             ui_url=self.resolved_ui_url,
             dagster_ui_url=settings.dagster_ui_url(),
         )

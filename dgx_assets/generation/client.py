@@ -31,9 +31,12 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Optional, cast
 
 import urllib3
+import urllib3.connection
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from urllib3.util.retry import Retry
 
 PROTOCOLS = ("openai", "pipeline")
@@ -41,36 +44,65 @@ RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 BAD_REPLY = "bad_reply"
 
 
-@dataclass(frozen=True)
-class ClientSettings:
-    endpoints: tuple[str, ...]
-    protocol: str = "openai"
-    service: str = "ernie_image"  # pipeline route name
-    model: str = "ernie-image"  # OpenAI `model` field (SGLang answers for the model it serves)
-    token: str | None = field(default=None, repr=False)
-    connect_timeout_s: float = 3.0
-    read_timeout_s: float = 120.0  # the longest silence between two reads of a reply
-    request_deadline_s: float = 300.0  # the longest one image request may take, whatever the server does
-    status_deadline_s: float = 5.0  # the longest one /status probe may take
-    ca_bundle: str | None = None  # PEM file of the CAs that sign the endpoints' certificates; None: the system's
-    verify_tls: bool = True  # off only for a test endpoint with a certificate nothing can verify
-    max_retries: int = 3  # tries after the first, per image
-    backoff_s: float = 0.25
-    backoff_max_s: float = 5.0
-    breaker_threshold: int = 3  # consecutive failures that open an endpoint's breaker
-    breaker_cooldown_s: float = 10.0
-    status_ttl_s: float = 5.0  # how long an endpoint's /status answer is trusted
-    concurrency: int = 4  # requests in flight per task
-    num_inference_steps: int | None = None
+class ClientBehaviour(BaseModel):
+    """How executors call the endpoints, declared once: the `ernie` resource subclasses this, so the launchpad
+    shows these fields, defaults and descriptions."""
 
-    def __post_init__(self):
-        if not self.endpoints:
-            raise ValueError("no ERNIE-Image endpoints given")
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
-        if min(self.request_deadline_s, self.status_deadline_s) <= 0:
-            raise ValueError("request_deadline_s and status_deadline_s must be positive")
-        object.__setattr__(self, "endpoints", tuple(url.rstrip("/") for url in self.endpoints))
+    model_config = ConfigDict(frozen=True)
+
+    protocol: str = Field(
+        default="openai",
+        description="'openai' (/v1/images/generations, SGLang) or 'pipeline' (Paddle Serving /<service>/prediction)",
+    )
+    service_name: str = Field(default="ernie_image", description="pipeline protocol: the route, /<service_name>/prediction")
+    model_name: str = Field(
+        default="ernie-image", description="openai protocol: the `model` field (SGLang answers for the model it serves)"
+    )
+    concurrency: int = Field(default=4, ge=1, description="Requests in flight per Spark task")
+    connect_timeout_s: float = Field(default=3.0, gt=0, description="The longest wait for a connection to an endpoint")
+    read_timeout_s: float = Field(default=120.0, gt=0, description="The longest silence between two reads of a reply")
+    request_deadline_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="The longest one image request may take in all, however slowly the endpoint answers; "
+        "then it is retried elsewhere",
+    )
+    status_deadline_s: float = Field(default=5.0, gt=0, description="The longest one /status probe may take in all")
+    ca_bundle: Optional[str] = Field(
+        default=None, description="PEM file of the CAs that sign https endpoints' certificates; None: the system's CAs"
+    )
+    verify_tls: bool = Field(
+        default=True,
+        description="Verify https endpoints' certificates (TLS 1.2 at least either way); turn off only for a test endpoint",
+    )
+    max_retries: int = Field(default=3, ge=0, description="Tries after the first, per image, each on the next endpoint")
+    backoff_s: float = Field(default=0.25, ge=0, description="Wait before the first retry; it doubles per retry, with jitter")
+    breaker_threshold: int = Field(default=3, ge=1, description="Consecutive failures that open an endpoint's circuit breaker")
+    breaker_cooldown_s: float = Field(
+        default=10.0, ge=0, description="How long an open breaker keeps an endpoint out before one probe is let through"
+    )
+
+    @field_validator("protocol")
+    @classmethod
+    def _known_protocol(cls, value: str) -> str:
+        if value not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {value!r}")
+        return value
+
+
+class ClientSettings(ClientBehaviour):
+    """Everything one client needs: the behaviour above, the endpoints, and what the resource resolved."""
+
+    endpoints: tuple[str, ...] = Field(min_length=1, description="Base URLs of the serving endpoints")
+    token: Optional[str] = Field(default=None, repr=False)
+    backoff_max_s: float = 5.0
+    status_ttl_s: float = 5.0  # how long an endpoint's /status answer is trusted
+    num_inference_steps: Optional[int] = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _without_trailing_slash(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(url.rstrip("/") for url in urls)
 
 
 @dataclass
@@ -307,7 +339,7 @@ class ErnieClient:
         s = self.settings
         if s.protocol == "openai":
             body = {
-                "model": s.model,
+                "model": s.model_name,
                 "prompt": prompt,
                 "size": f"{width}x{height}",
                 "n": 1,
@@ -322,7 +354,7 @@ class ErnieClient:
         if s.num_inference_steps:
             keys.append("steps")
             values.append(str(s.num_inference_steps))
-        return _pipeline_image(self._post(f"{url}/{s.service}/prediction", {"key": keys, "value": values}), prompt)
+        return _pipeline_image(self._post(f"{url}/{s.service_name}/prediction", {"key": keys, "value": values}), prompt)
 
     def _post(self, url: str, body: dict) -> dict:
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -353,7 +385,7 @@ def _openai_image(reply: dict, prompt: str) -> tuple[str, bool, str]:
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         raise _BadReply(f"`data` is {_shown(data)}, not a list of image objects")
     item = data[0]
-    payload = _typed(item, "b64_json", str, "data[0].")
+    payload = cast(str, _typed(item, "b64_json", str, "data[0]."))  # required: _typed raised if missing
     revised = _typed(item, "revised_prompt", str, "data[0].", optional=True)
     truncated = _typed(reply, "truncated", bool, optional=True)
     return payload, bool(truncated), revised or prompt
@@ -444,11 +476,11 @@ class _HTTPSConnection(urllib3.connection.HTTPSConnection):
 
 
 class _HTTPPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _HTTPConnection
+    ConnectionCls = _HTTPConnection  # pyright: ignore[reportAssignmentType]  # urllib3's Protocol stub, not its class
 
 
 class _HTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _HTTPSConnection
+    ConnectionCls = _HTTPSConnection  # pyright: ignore[reportAssignmentType]  # urllib3's Protocol stub, not its class
 
 
 def _error_message(reply) -> str:

@@ -20,24 +20,10 @@ from pydantic import Field
 
 from dgx_assets import settings
 from dgx_assets.generation import launcher
-from dgx_assets.generation.client import ClientSettings, parse_endpoints
+from dgx_assets.generation.client import ClientBehaviour, ClientSettings, parse_endpoints
 from dgx_assets.progress import log_progress
 
 LOCAL = "local"
-# Resource fields handed to ClientSettings under the same name.
-CLIENT_FIELDS = (
-    "concurrency",
-    "connect_timeout_s",
-    "read_timeout_s",
-    "request_deadline_s",
-    "status_deadline_s",
-    "ca_bundle",
-    "verify_tls",
-    "max_retries",
-    "backoff_s",
-    "breaker_threshold",
-    "breaker_cooldown_s",
-)
 TOKEN_VARIABLE = "ERNIE_SERVING_TOKEN"  # how a launched local server receives the token
 
 
@@ -45,18 +31,12 @@ def default_model_dir() -> Path:
     return settings.state_dir() / "ernie_generator"
 
 
-class ErnieServingResource(dg.ConfigurableResource):
+class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
     """ERNIE-Image serving endpoints (DGX_ERNIE_ENDPOINTS, or `local`) and how executors call them."""
 
     endpoints: Optional[str] = Field(
         default=None, description="comma-separated URLs, or 'local'; None reads DGX_ERNIE_ENDPOINTS (default local)"
     )
-    protocol: str = Field(
-        default="openai",
-        description="'openai' (/v1/images/generations, SGLang) or 'pipeline' (Paddle Serving /<service>/prediction)",
-    )
-    service_name: str = "ernie_image"
-    model_name: str = "ernie-image"
     token: Optional[str] = Field(
         default=None, description="bearer token; None reads DGX_ERNIE_TOKEN (the Kubernetes secret deploy/ hands to run pods)"
     )
@@ -68,33 +48,7 @@ class ErnieServingResource(dg.ConfigurableResource):
     )
     gpu_ids: Optional[str] = Field(default=None, description="local mode: e.g. '0,1' pins one server per GPU")
     startup_timeout_s: float = 180.0
-    # Client behaviour in the executors; each default is ClientSettings' own (one definition per setting).
-    concurrency: int = ClientSettings.concurrency
     tasks: int = Field(default=0, description="Spark tasks to spread prompts over; 0 = one per endpoint (min 2)")
-    connect_timeout_s: float = ClientSettings.connect_timeout_s
-    read_timeout_s: float = Field(
-        default=ClientSettings.read_timeout_s, description="the longest silence between two reads of a reply"
-    )
-    request_deadline_s: float = Field(
-        default=ClientSettings.request_deadline_s,
-        description="the longest one image request may take in all, however slowly "
-        "the endpoint answers; then it is retried elsewhere",
-    )
-    status_deadline_s: float = Field(
-        default=ClientSettings.status_deadline_s, description="the longest one /status probe may take in all"
-    )
-    ca_bundle: Optional[str] = Field(
-        default=ClientSettings.ca_bundle,
-        description="PEM file of the CAs that sign https endpoints' certificates; None: the system's CAs",
-    )
-    verify_tls: bool = Field(
-        default=ClientSettings.verify_tls,
-        description="verify https endpoints' certificates (TLS 1.2 at least either way); turn off only for a test endpoint",
-    )
-    max_retries: int = ClientSettings.max_retries
-    backoff_s: float = ClientSettings.backoff_s
-    breaker_threshold: int = ClientSettings.breaker_threshold
-    breaker_cooldown_s: float = ClientSettings.breaker_cooldown_s
 
     @property
     def resolved_token(self) -> Optional[str]:
@@ -120,12 +74,9 @@ class ErnieServingResource(dg.ConfigurableResource):
 
     def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
         return ClientSettings(
-            urls,
-            protocol=self.protocol,
-            service=self.service_name,
-            model=self.model_name,
+            endpoints=urls,
             token=self.resolved_token,
-            **{name: getattr(self, name) for name in CLIENT_FIELDS},
+            **self.model_dump(include=set(ClientBehaviour.model_fields)),
         )
 
     def task_count(self, urls: tuple[str, ...]) -> int:

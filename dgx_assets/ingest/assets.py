@@ -30,13 +30,12 @@ RAW_IMAGES_COLUMNS = {
 }
 
 
-class RawImagesConfig(dg.Config):
-    max_pixels: int = images.ValidationLimits.max_pixels
-    max_side: int = images.ValidationLimits.max_side
-    max_file_bytes: int = images.ValidationLimits.max_file_bytes
-    validation_share: float = 0.15
-    test_share: float = 0.15
-    target_file_mb: int = 128
+class RawImagesConfig(dg.Config, images.IngestSettings):
+    """The ingest settings as the launchpad shows them."""
+
+    def ingest_settings(self) -> images.IngestSettings:
+        """The plain settings the Spark job ships to its workers (no Dagster class in their pickles)."""
+        return images.IngestSettings(**self.model_dump(include=set(images.IngestSettings.model_fields)))
 
 
 # Ingests one landing batch folder with Spark: every file gets a row, valid images keep their bytes.
@@ -72,15 +71,9 @@ def _ingest_batch(
 
     store = lake.lake
     landing_batch = f"{lake.landing_uri.rstrip('/')}/{batch}"
-    settings = spark_ingest.IngestSettings(
-        limits=images.ValidationLimits(config.max_pixels, config.max_side, config.max_file_bytes),
-        validation_share=config.validation_share,
-        test_share=config.test_share,
-        target_file_bytes=config.target_file_mb * 1024 * 1024,
-    )
     # Listed once, as the sensor lists it: the fingerprint recorded below is the one the sensor compares.
     landed = landing.look_at_batch(landing_batch)
-    frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, settings, landed)
+    frame = spark_ingest.build_raw_images(spark.spark_session, landing_batch, config.ingest_settings(), landed)
     if frame is None:
         raise dg.Failure(
             f"Landing batch {landing_batch} holds no image files ({', '.join(images.IMAGE_EXTENSIONS)}); "
@@ -94,6 +87,8 @@ def _ingest_batch(
 
     snapshot_id = store.tables.write_and_commit(tables.TABLE, spark_ingest.RAW_IMAGES_SCHEMA, write, batch, context.run_id)
     written = tables.read_partition_summary(store, batch, snapshot_id)
+    if written is None:  # the listing had files, so the commit wrote rows: an empty snapshot is a lake fault
+        raise dg.Failure(f"raw_images[{batch}]: snapshot {snapshot_id} holds none of the rows just committed")
     summary = tables.summarize(written)
     context.log.info(
         f"raw_images[{batch}]: {summary['files_listed']} files, {summary['valid']} valid, quarantined {summary['quarantined']}"

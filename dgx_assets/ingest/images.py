@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SUPPORTED_FORMATS = frozenset({"PNG", "JPEG", "BMP", "TIFF"})
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "bmp", "tif", "tiff")
@@ -53,11 +54,41 @@ STATUSES = (
 SPLITS = ("train", "validation", "test")
 
 
-@dataclass(frozen=True)
-class ValidationLimits:
-    max_pixels: int = 50_000_000  # width * height; beyond this a file is treated as a decompression bomb
-    max_side: int = 30_000
-    max_file_bytes: int = 256 * 1024 * 1024
+class ValidationLimits(BaseModel):
+    """Sizes past which a file is quarantined `too_large`, checked from the header before any pixel is decoded."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_pixels: int = Field(
+        default=50_000_000, gt=0, description="Width × height past which a file is treated as a decompression bomb"
+    )
+    max_side: int = Field(default=30_000, gt=0, description="Longest width or height accepted, in pixels")
+    max_file_bytes: int = Field(default=256 * 1024 * 1024, gt=0, description="Largest file read, in bytes")
+
+
+class IngestSettings(ValidationLimits):
+    """raw_images: what a landed file must be to count as valid, how images split, how big the Parquet files are."""
+
+    validation_share: float = Field(
+        default=0.15, ge=0, lt=1, description="Share of images in the validation split (stable: from the content hash)"
+    )
+    test_share: float = Field(default=0.15, ge=0, lt=1, description="Share of images in the test split")
+    target_file_mb: int = Field(
+        default=128, gt=0, description="About how much image data one Spark partition, and so one Parquet file, holds"
+    )
+
+    @model_validator(mode="after")
+    def _train_split_left(self) -> IngestSettings:
+        if self.validation_share + self.test_share >= 1:
+            raise ValueError(
+                f"validation_share ({self.validation_share}) + test_share ({self.test_share}) must be below 1: "
+                "nothing would be left to train on"
+            )
+        return self
+
+    @property
+    def target_file_bytes(self) -> int:
+        return self.target_file_mb * 1024 * 1024
 
 
 @dataclass

@@ -18,7 +18,6 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import pyarrow as pa
@@ -71,14 +70,6 @@ class ListedFile(NamedTuple):
     reason: str | None = None
 
 
-@dataclass
-class IngestSettings:
-    limits: images.ValidationLimits = field(default_factory=images.ValidationLimits)
-    validation_share: float = 0.15
-    test_share: float = 0.15
-    target_file_bytes: int = 128 * 1024 * 1024
-
-
 # --- driver ---------------------------------------------------------------------------------------------
 
 
@@ -108,7 +99,7 @@ def list_batch(batch_uri: str, landed: LandedBatch | None = None) -> list[Listed
     return sorted(found, key=lambda file: file.path)
 
 
-def build_raw_images(spark, batch_uri: str, settings: IngestSettings, landed: LandedBatch | None = None):
+def build_raw_images(spark, batch_uri: str, settings: images.IngestSettings, landed: LandedBatch | None = None):
     """The raw_images DataFrame for one landing batch folder, or None when it holds no image files.
 
     Lazy: the files are listed now, read when the DataFrame is written.
@@ -134,7 +125,7 @@ def _weight(file: ListedFile) -> int:
 # --- Python workers -------------------------------------------------------------------------------------
 
 
-def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSettings) -> Iterator[pa.RecordBatch]:
+def ingest_files(files: list[ListedFile], batch_path: str, settings: images.IngestSettings) -> Iterator[pa.RecordBatch]:
     """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows."""
     fs = worker_filesystem(batch_path)
     batch_key = posixpath.basename(batch_path.rstrip("/"))
@@ -149,7 +140,7 @@ def ingest_files(files: list[ListedFile], batch_path: str, settings: IngestSetti
         yield pa.RecordBatch.from_pydict(columns, schema=RAW_IMAGES_SCHEMA)
 
 
-def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: IngestSettings) -> dict:
+def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: images.IngestSettings) -> dict:
     """The raw_images columns one listed entry decides; content kept only for valid images.
 
     Never raises for a bad file: every one gets a status and a reason.
@@ -159,7 +150,7 @@ def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: I
     if file.status is not None:  # refused by the listing: a link, a special file, an unlistable folder
         return row | {"status": file.status, "reason": file.reason}
     row["size_bytes"] = size
-    limit = settings.limits.max_file_bytes
+    limit = settings.max_file_bytes
     if size > limit:  # decided from the listing: the content is never read
         return row | {"status": images.TOO_LARGE, "reason": f"{size} bytes is over the {limit}-byte limit; content not read"}
     try:
@@ -170,7 +161,7 @@ def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: I
         # Gone or forbidden since it was listed: recorded, not fatal. Other I/O errors fail the task, so
         # Spark retries it.
         return row | {"status": images.UNREADABLE, "reason": f"could not read the file: {type(error).__name__}: {error}"}
-    verdict = images.inspect_image(data, path, settings.limits)
+    verdict = images.inspect_image(data, path, settings)
     if verdict.status == images.VALID and row["label"] is None:
         verdict.status, verdict.reason = images.UNLABELLED, "the file is not inside a label folder"
     digest = images.sha256_hex(data)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from dgx_assets import links
 
@@ -27,15 +28,29 @@ class TrackingConfigError(ValueError):
     """The MLflow settings cannot work; the message names the setting."""
 
 
-@dataclasses.dataclass(frozen=True)
-class TrackingConfig:
-    """What a tracked run needs to know about MLflow; built by the `mlflow` resource (``tracking_config()``)."""
+class TrackingSettings(BaseModel):
+    """The `mlflow` resource's settings, declared once (the resource subclasses this)."""
 
-    tracking_uri: str
-    experiment_name: str = DEFAULT_EXPERIMENT
-    registered_model_name: str = DEFAULT_REGISTERED_MODEL
-    ui_url: str | None = None  # where a browser opens MLflow (links in Dagster and the report)
-    dagster_ui_url: str | None = None  # where a browser opens Dagster (links back from MLflow)
+    tracking_uri: Optional[str] = Field(
+        default=None, description="MLflow tracking store; None: MLFLOW_TRACKING_URI, else sqlite under .dgx/"
+    )
+    experiment_name: str = Field(default=DEFAULT_EXPERIMENT, description="MLflow experiment the training runs are logged in")
+    registered_model_name: str = Field(
+        default=DEFAULT_REGISTERED_MODEL, description="Registered model that every training run adds a version to"
+    )
+    ui_url: Optional[str] = Field(
+        default=None, description="Where a browser opens MLflow (links in Dagster and the report); None: DGX_MLFLOW_UI_URL"
+    )
+
+
+class TrackingConfig(TrackingSettings):
+    """The settings resolved for one tracked run, every default filled in: built by the `mlflow` resource
+    (``tracking_config()``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tracking_uri: str  # pyright: ignore[reportGeneralTypeIssues]  # required: resolved, never None here
+    dagster_ui_url: Optional[str] = None  # where a browser opens Dagster (links back from MLflow)
 
 
 def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:

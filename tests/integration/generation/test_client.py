@@ -25,7 +25,7 @@ def image_of(reply) -> Image.Image:
 
 @pytest.mark.parametrize("protocol", ["openai", "pipeline"])
 def test_both_protocols_return_images_of_the_requested_size(fleet, protocol):
-    client = ErnieClient(ClientSettings((fleet["a"].url,), protocol=protocol, **FAST))
+    client = ErnieClient(ClientSettings(endpoints=(fleet["a"].url,), protocol=protocol, **FAST))
     reply = client.generate('a "defective" mono cell \\ 有缺陷', 80, 48, seed=5)
     assert reply.ok, reply.error
     assert image_of(reply).size == (80, 48)
@@ -35,7 +35,7 @@ def test_both_protocols_return_images_of_the_requested_size(fleet, protocol):
 
 @pytest.mark.parametrize("protocol", ["openai", "pipeline"])
 def test_over_long_prompt_comes_back_flagged(fleet, protocol):
-    client = ErnieClient(ClientSettings((fleet["a"].url,), protocol=protocol, **FAST))
+    client = ErnieClient(ClientSettings(endpoints=(fleet["a"].url,), protocol=protocol, **FAST))
     prompt = " ".join(["defective"] * 400)
     reply = client.generate(prompt, 32, 32, seed=1)
     assert reply.ok and reply.truncated is True
@@ -43,7 +43,7 @@ def test_over_long_prompt_comes_back_flagged(fleet, protocol):
 
 
 def test_requests_spread_round_robin_over_endpoints(fleet):
-    client = ErnieClient(ClientSettings((fleet["a"].url, fleet["b"].url), concurrency=4, **FAST))
+    client = ErnieClient(ClientSettings(endpoints=(fleet["a"].url, fleet["b"].url), concurrency=4, **FAST))
     replies = client.generate_many([("cell", 32, 32, seed) for seed in range(8)])
     assert all(reply.ok for reply in replies)
     used = [reply.endpoint for reply in replies]
@@ -52,14 +52,14 @@ def test_requests_spread_round_robin_over_endpoints(fleet):
 
 def test_bad_requests_are_not_retried(fleet):
     for protocol in ("openai", "pipeline"):
-        client = ErnieClient(ClientSettings((fleet["a"].url,), protocol=protocol, **FAST))
+        client = ErnieClient(ClientSettings(endpoints=(fleet["a"].url,), protocol=protocol, **FAST))
         reply = client.generate("cell", 99999, 32, seed=1)
         assert reply.error_kind == "rejected" and reply.tries == 1
         assert "outside" in reply.error
 
 
 def test_503_is_retried_elsewhere_and_the_breaker_opens(fleet):
-    settings = ClientSettings((fleet["unavailable"].url, fleet["a"].url), breaker_threshold=2, **FAST)
+    settings = ClientSettings(endpoints=(fleet["unavailable"].url, fleet["a"].url), breaker_threshold=2, **FAST)
     client = ErnieClient(settings)
     replies = [client.generate("cell", 32, 32, seed) for seed in range(6)]
     assert all(reply.ok for reply in replies)
@@ -72,7 +72,7 @@ def test_503_is_retried_elsewhere_and_the_breaker_opens(fleet):
 
 
 def test_timeouts_are_retried_then_the_breaker_opens(fleet):
-    settings = ClientSettings((fleet["slow"].url, fleet["b"].url), read_timeout_s=0.5, breaker_threshold=2, **FAST)
+    settings = ClientSettings(endpoints=(fleet["slow"].url, fleet["b"].url), read_timeout_s=0.5, breaker_threshold=2, **FAST)
     client = ErnieClient(settings)
     replies = [client.generate("cell", 32, 32, seed) for seed in range(5)]
     assert all(reply.ok for reply in replies)
@@ -84,7 +84,7 @@ def test_timeouts_are_retried_then_the_breaker_opens(fleet):
 def test_breaker_probes_again_after_the_cooldown(fleet, dead_url):
     cooldown = 1.0  # long enough that the call right after the breaker opened is surely inside it
     settings = ClientSettings(
-        (dead_url,), breaker_threshold=1, max_retries=0, backoff_s=0.01, breaker_cooldown_s=cooldown, status_ttl_s=60.0
+        endpoints=(dead_url,), breaker_threshold=1, max_retries=0, backoff_s=0.01, breaker_cooldown_s=cooldown, status_ttl_s=60.0
     )
     client = ErnieClient(settings)
     assert client.generate("cell", 32, 32, 1).error_kind == "unavailable"
@@ -113,7 +113,7 @@ def test_endpoints_that_are_not_ready_are_skipped(fleet, quick_model, tmp_path, 
     try:
         with pytest.raises(launcher.LaunchError):
             launcher.wait_ready([broken], timeout_s=60)
-        client = ErnieClient(ClientSettings((broken.url, fleet["a"].url), **FAST))
+        client = ErnieClient(ClientSettings(endpoints=(broken.url, fleet["a"].url), **FAST))
         replies = [client.generate("cell", 32, 32, seed) for seed in range(4)]
         assert all(reply.ok and reply.endpoint == fleet["a"].url for reply in replies)
         assert client.endpoints[0].errors == 0  # skipped on its /status, never sent work
@@ -124,7 +124,7 @@ def test_endpoints_that_are_not_ready_are_skipped(fleet, quick_model, tmp_path, 
 
 def test_a_server_killed_mid_run_hands_its_work_to_the_other(start_fleet):
     pair = start_fleet(first=[], second=[])
-    client = ErnieClient(ClientSettings((pair["first"].url, pair["second"].url), concurrency=3, **FAST))
+    client = ErnieClient(ClientSettings(endpoints=(pair["first"].url, pair["second"].url), concurrency=3, **FAST))
     started = itertools.count()
     generate_one = client.generate
 
@@ -143,7 +143,9 @@ def test_a_server_killed_mid_run_hands_its_work_to_the_other(start_fleet):
 
 
 def test_all_endpoints_down_gives_a_clear_error(dead_url):
-    settings = ClientSettings((dead_url, dead_url.replace("http://127.0.0.1", "http://localhost")), max_retries=2, **FAST)
+    settings = ClientSettings(
+        endpoints=(dead_url, dead_url.replace("http://127.0.0.1", "http://localhost")), max_retries=2, **FAST
+    )
     client = ErnieClient(settings)
     started = time.monotonic()
     reply = client.generate("cell", 32, 32, 1)
@@ -156,17 +158,17 @@ def test_all_endpoints_down_gives_a_clear_error(dead_url):
 def test_token_is_sent(start_fleet, monkeypatch):
     monkeypatch.setenv("CLIENT_TEST_TOKEN", "s3cret")
     secured = start_fleet(secure=["--token-env", "CLIENT_TEST_TOKEN"])
-    without = ErnieClient(ClientSettings((secured["secure"].url,), **FAST)).generate("cell", 32, 32, 1)
+    without = ErnieClient(ClientSettings(endpoints=(secured["secure"].url,), **FAST)).generate("cell", 32, 32, 1)
     assert without.error_kind == "rejected" and "401" in without.error
-    with_token = ErnieClient(ClientSettings((secured["secure"].url,), token="s3cret", **FAST))
+    with_token = ErnieClient(ClientSettings(endpoints=(secured["secure"].url,), token="s3cret", **FAST))
     assert with_token.generate("cell", 32, 32, 1).ok
     assert "s3cret" not in repr(with_token.settings)  # the token stays out of logs and reprs
 
 
 def test_one_client_per_worker_reuses_connections(fleet):
-    settings = ClientSettings((fleet["a"].url,), **FAST)
+    settings = ClientSettings(endpoints=(fleet["a"].url,), **FAST)
     client = get_client(settings)
-    assert get_client(ClientSettings((fleet["a"].url,), **FAST)) is client
+    assert get_client(ClientSettings(endpoints=(fleet["a"].url,), **FAST)) is client
     for seed in range(3):
         assert client.generate("cell", 32, 32, seed).ok
     pool = client._pool.connection_from_url(fleet["a"].url)

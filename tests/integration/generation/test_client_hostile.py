@@ -51,7 +51,7 @@ def rogue():
 )
 def test_a_reply_of_the_wrong_shape_is_a_bad_reply_retried_then_recorded(rogue, protocol, shape):
     bad = ("json", (BAD_OPENAI if protocol == "openai" else BAD_PIPELINE)[shape])
-    client = ErnieClient(ClientSettings((rogue.url,), protocol=protocol, max_retries=1, **FAST))
+    client = ErnieClient(ClientSettings(endpoints=(rogue.url,), protocol=protocol, max_retries=1, **FAST))
     rogue.script = [bad]  # once: the retry gets a proper image
     healed = client.generate("cell", 32, 32, seed=1)
     assert healed.ok and healed.tries == 2, healed.error
@@ -63,14 +63,14 @@ def test_a_reply_of_the_wrong_shape_is_a_bad_reply_retried_then_recorded(rogue, 
 
 def test_a_reply_that_is_not_json_is_a_bad_reply(rogue):
     rogue.always = ("raw", 200, b"<html>proxy error</html>")
-    reply = ErnieClient(ClientSettings((rogue.url,), max_retries=0, **FAST)).generate("cell", 32, 32, seed=1)
+    reply = ErnieClient(ClientSettings(endpoints=(rogue.url,), max_retries=0, **FAST)).generate("cell", 32, 32, seed=1)
     assert reply.error_kind == "bad_reply" and "not a JSON object" in reply.error
 
 
 def test_an_answer_that_closes_the_connection_is_read_whole(rogue):
     """A 401 with `Connection: close`: http.client closes the socket while the body is still to be read."""
     rogue.always = ("raw", 401, b'{"error": {"message": "missing or wrong bearer token"}}', "close")
-    reply = ErnieClient(ClientSettings((rogue.url,), **FAST)).generate("cell", 32, 32, seed=1)
+    reply = ErnieClient(ClientSettings(endpoints=(rogue.url,), **FAST)).generate("cell", 32, 32, seed=1)
     assert (reply.error_kind, reply.tries) == ("rejected", 1)
     assert reply.error == "HTTP 401: 'missing or wrong bearer token'"
 
@@ -79,7 +79,7 @@ def test_bad_replies_end_in_rows_that_say_so_and_no_row_is_lost(rogue, spark, tm
     import pandas as pd
 
     rogue.always = ("json", BAD_OPENAI["b64_json as a number"])
-    settings = ClientSettings((rogue.url,), max_retries=1, concurrency=2, breaker_threshold=100, **FAST)
+    settings = ClientSettings(endpoints=(rogue.url,), max_retries=1, concurrency=2, breaker_threshold=100, **FAST)
     job = generate.GenerationJob(
         settings,
         lake_root=tmp_path.as_uri(),
@@ -105,7 +105,7 @@ def test_bad_replies_end_in_rows_that_say_so_and_no_row_is_lost(rogue, spark, tm
 
 def test_a_dripping_endpoint_costs_one_deadline_per_try(rogue):
     rogue.always = ("drip", 0.05)  # a whole reply takes ~20 s this way; each byte comes well within read_timeout_s
-    settings = ClientSettings((rogue.url,), read_timeout_s=5.0, request_deadline_s=0.5, max_retries=1, **FAST)
+    settings = ClientSettings(endpoints=(rogue.url,), read_timeout_s=5.0, request_deadline_s=0.5, max_retries=1, **FAST)
     started = time.monotonic()
     reply = ErnieClient(settings).generate("cell", 32, 32, seed=1)
     elapsed = time.monotonic() - started
@@ -115,7 +115,7 @@ def test_a_dripping_endpoint_costs_one_deadline_per_try(rogue):
 
 def test_a_dripping_status_probe_costs_one_status_deadline(rogue):
     rogue.drip_status = 0.1  # the /status reply alone takes ~10 s this way
-    settings = ClientSettings((rogue.url,), connect_timeout_s=3.0, status_deadline_s=0.3, max_retries=0, **FAST)
+    settings = ClientSettings(endpoints=(rogue.url,), connect_timeout_s=3.0, status_deadline_s=0.3, max_retries=0, **FAST)
     client = ErnieClient(settings)
     started = time.monotonic()
     reply = client.generate("cell", 32, 32, seed=1)
@@ -148,7 +148,7 @@ def test_https_endpoints_are_verified_against_the_ca_bundle_and_need_tls_1_2(tmp
         connection = trusted._pool.connection_from_url(server.url).pool.queue[-1]
         assert connection.sock.version() in ("TLSv1.2", "TLSv1.3")
 
-        unknown = ErnieClient(ClientSettings((server.url,), max_retries=0, **FAST)).generate("cell", 32, 32, seed=1)
+        unknown = ErnieClient(ClientSettings(endpoints=(server.url,), max_retries=0, **FAST)).generate("cell", 32, 32, seed=1)
         assert unknown.error_kind == "unavailable" and "CERTIFICATE_VERIFY_FAILED" in unknown.error
 
         unverified = ErnieServingResource(endpoints=server.url, verify_tls=False).client_settings((server.url,))
@@ -162,9 +162,9 @@ def test_https_endpoints_are_verified_against_the_ca_bundle_and_need_tls_1_2(tmp
     except ssl.SSLError as error:  # an OpenSSL built without TLS 1.1 cannot even offer it
         pytest.skip(f"this OpenSSL cannot serve TLS 1.1: {error}")
     try:
-        refused = ErnieClient(ClientSettings((old.url,), ca_bundle=paths.ca, verify_tls=False, max_retries=0, **FAST)).generate(
-            "cell", 32, 32, seed=1
-        )
+        refused = ErnieClient(
+            ClientSettings(endpoints=(old.url,), ca_bundle=paths.ca, verify_tls=False, max_retries=0, **FAST)
+        ).generate("cell", 32, 32, seed=1)
         assert refused.error_kind == "unavailable" and "SSL" in refused.error
     finally:
         old.stop()

@@ -46,7 +46,7 @@ def write_prompts_csv(path: Path, rows: list[dict]) -> str:
 
 
 def make_job(tmp_path: Path, endpoints, protocol="openai", **options) -> GenerationJob:
-    settings = ClientSettings(tuple(endpoints), protocol=protocol, concurrency=3, **FAST)
+    settings = ClientSettings(endpoints=tuple(endpoints), protocol=protocol, concurrency=3, **FAST)
     png = (tmp_path / "out" / "png").as_uri()
     return GenerationJob(settings, lake_root=tmp_path.as_uri(), png_uri=png, default_width=64, default_height=48, **options)
 
@@ -94,7 +94,7 @@ def test_truncated_pngs_are_classified_corrupted_and_regenerated(start_fleet, tm
     faulty = start_fleet(truncates_twice=faulty_args("truncate", count=2), garbage_once=faulty_args("garbage", count=1))
     job = make_job(tmp_path, [faulty["truncates_twice"].url])
     for endpoint, first_status in ((faulty["truncates_twice"].url, "corrupted"), (faulty["garbage_once"].url, "decode_error")):
-        client = ErnieClient(ClientSettings((endpoint,), concurrency=1, **FAST))
+        client = ErnieClient(ClientSettings(endpoints=(endpoint,), concurrency=1, **FAST))
         rows = [
             prompt_rows.start_row(
                 {

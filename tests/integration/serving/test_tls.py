@@ -96,10 +96,10 @@ def test_the_projects_client_reaches_the_https_server_with_its_ca_bundle(tls_ser
 
     url, ca, _ = tls_server
     fast = {"max_retries": 0, "backoff_s": 0.01}
-    reply = ErnieClient(ClientSettings((url,), protocol=protocol, ca_bundle=ca, **fast)).generate("cell", 32, 32, 1)
+    reply = ErnieClient(ClientSettings(endpoints=(url,), protocol=protocol, ca_bundle=ca, **fast)).generate("cell", 32, 32, 1)
     assert reply.ok, reply.error
     assert base64.b64decode(reply.payload_b64)[:8] == b"\x89PNG\r\n\x1a\n"
-    without_ca = ErnieClient(ClientSettings((url,), protocol=protocol, **fast)).generate("cell", 32, 32, 1)
+    without_ca = ErnieClient(ClientSettings(endpoints=(url,), protocol=protocol, **fast)).generate("cell", 32, 32, 1)
     assert not without_ca.ok and without_ca.error_kind == "unavailable"
 
 

@@ -100,7 +100,11 @@ def test_mlflow_records_which_pretrained_weights_made_the_model(feature_files, t
 
     from dgx_assets.training.tracking import TrackingConfig, train_and_track
 
-    tracking = TrackingConfig(f"sqlite:///{tmp_path}/mlflow.db", "fine_tune_test", "fine_tune_test_model")
+    tracking = TrackingConfig(
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+        experiment_name="fine_tune_test",
+        registered_model_name="fine_tune_test_model",
+    )
     tracked = train_and_track(
         feature_files, "file:///lake/image_features", FINE_TUNE.model_copy(update={"epochs": 1}), tracking, str(tmp_path / "ckpt")
     )

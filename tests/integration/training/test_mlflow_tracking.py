@@ -29,7 +29,9 @@ def tracked(feature_files, tmp_path_factory):
     from dgx_assets.training.config import TrainConfig
 
     store = tmp_path_factory.mktemp("mlflow")
-    tracking = TrackingConfig(f"sqlite:///{store}/mlflow.db", "dgx_assets_test", MODEL_NAME)
+    tracking = TrackingConfig(
+        tracking_uri=f"sqlite:///{store}/mlflow.db", experiment_name="dgx_assets_test", registered_model_name=MODEL_NAME
+    )
     lineage = DagsterLineage(run_id="0123456789abcdef", partition_keys=("b0", "b1"), code_version="7")
     config = TrainConfig(backbone="scratch", width=8, epochs=4, batch_size=16, patience=4)
     result = train_and_track(feature_files, "file:///lake/image_features", config, tracking, str(store / "ckpt"), lineage)
@@ -190,7 +192,7 @@ def _free_port() -> int:
     [f"http://127.0.0.1:{_free_port()}", "sqlite:////proc/no-such-dir/mlflow.db", "ftp://example/mlflow"],
 )
 def test_unusable_tracking_uri_fails_before_training_and_names_the_setting(feature_files, tmp_path, uri):
-    tracking = TrackingConfig(uri, "x", MODEL_NAME)
+    tracking = TrackingConfig(tracking_uri=uri, experiment_name="x", registered_model_name=MODEL_NAME)
     with pytest.raises(TrackingConfigError, match="MLFLOW_TRACKING_URI"):
         train_and_track(feature_files, "file:///lake", TrainConfig(), tracking, str(tmp_path / "ckpt"))
     assert not (tmp_path / "ckpt").exists()  # nothing trained, nothing checkpointed
@@ -201,6 +203,12 @@ def test_bad_model_setting_fails_before_any_mlflow_run(feature_files, tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(ModelConfigError, match="'backbone'"):
-        train_and_track(feature_files, "file:///lake", TrainConfig(backbone="alexnet"), TrackingConfig(uri, "bad"), str(tmp_path))
+        train_and_track(
+            feature_files,
+            "file:///lake",
+            TrainConfig(backbone="alexnet"),
+            TrackingConfig(tracking_uri=uri, experiment_name="bad"),
+            str(tmp_path),
+        )
     client = MlflowClient(uri)
     assert client.get_experiment_by_name("bad") is None

@@ -18,9 +18,9 @@ MODEL = "ui_defect_classifier"
 def tracked(feature_files, tmp_path_factory):
     store = tmp_path_factory.mktemp("mlflow_ui")
     tracking = TrackingConfig(
-        f"sqlite:///{store}/mlflow.db",
-        "ui_test",
-        MODEL,
+        tracking_uri=f"sqlite:///{store}/mlflow.db",
+        experiment_name="ui_test",
+        registered_model_name=MODEL,
         ui_url="http://mlflow.example:5000/",
         dagster_ui_url="http://dagster.example:3000",
     )

@@ -24,7 +24,7 @@ def write(batch, files: dict[str, bytes]):
 
 def ingest(batch, files, settings=None):
     """{<label>/<file>: row} from the worker's Arrow batches, checked against the table's schema."""
-    settings = settings or spark_ingest.IngestSettings()
+    settings = settings or images.IngestSettings()
     out = pa.Table.from_batches(spark_ingest.ingest_files(files, batch.as_uri(), settings), spark_ingest.RAW_IMAGES_SCHEMA)
     return {"/".join(row["path"].split("/")[-2:]): row for row in out.to_pylist()}
 
@@ -83,7 +83,7 @@ class NoReads:
 
 
 def test_a_file_over_the_byte_limit_is_recorded_from_the_listing_and_never_read(tmp_path):
-    settings = spark_ingest.IngestSettings(limits=images.ValidationLimits(max_file_bytes=1000))
+    settings = images.IngestSettings(max_file_bytes=1000)
     listed = ListedFile(f"file:{tmp_path}/b1/ok/huge.png", 1001, 0)
     row = spark_ingest.file_row(NoReads(), listed, (tmp_path / "b1").as_uri(), settings)
     assert row["status"] == "too_large" and "1001 bytes is over the 1000-byte limit" in row["reason"]
@@ -109,7 +109,7 @@ def test_a_file_directly_in_the_batch_is_unlabelled(tmp_path):
 
 def test_a_batch_without_image_files_builds_nothing(tmp_path):
     write(tmp_path / "b1", {"ok/notes.txt": b"t"})
-    assert spark_ingest.build_raw_images(None, (tmp_path / "b1").as_uri(), spark_ingest.IngestSettings()) is None
+    assert spark_ingest.build_raw_images(None, (tmp_path / "b1").as_uri(), images.IngestSettings()) is None
 
 
 @pytest.mark.timeout(60)  # before the fix the FIFO's open blocked forever
