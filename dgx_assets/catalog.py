@@ -159,9 +159,9 @@ class LakeTables:
         snap = None if table is None else table.snapshot_by_id(snapshot_id) if snapshot_id else table.current_snapshot()
         if snapshot_id and snap is None:
             raise TableMissingError(f"{NAMESPACE}.{name} has no snapshot {snapshot_id} (expired by `dgx-assets lake maintain`?)")
-        if snap is None:
+        if table is None or snap is None:
             return TableSnapshot(name, None, ())
-        row_filter = EqualTo(PARTITION_COLUMN, batch) if batch is not None else AlwaysTrue()
+        row_filter = EqualTo(PARTITION_COLUMN, batch) if batch is not None else AlwaysTrue()  # pyright: ignore[reportCallIssue]
         tasks = list(table.scan(row_filter=row_filter, snapshot_id=snap.snapshot_id).plan_files())
         if any(task.delete_files for task in tasks):  # never written here: commits drop whole files
             raise ValueError(f"{NAMESPACE}.{name} has delete files: read it through pyiceberg or Spark's Iceberg runtime")
@@ -257,7 +257,8 @@ class LakeTables:
             with warnings.catch_warnings():  # the first version of a batch deletes nothing, and pyiceberg says so
                 warnings.simplefilter("ignore", UserWarning)
                 transaction.delete(
-                    EqualTo(PARTITION_COLUMN, batch) if batch is not None else AlwaysTrue(), snapshot_properties=properties
+                    EqualTo(PARTITION_COLUMN, batch) if batch is not None else AlwaysTrue(),  # pyright: ignore[reportCallIssue]
+                    snapshot_properties=properties,
                 )
             transaction.add_files(list(files), snapshot_properties=properties, check_duplicate_files=False)
             try:
@@ -267,7 +268,9 @@ class LakeTables:
                     raise
                 time.sleep(min(5.0, 0.1 * 2**attempt) * (1 + random.random()))
                 continue
-            return committed.current_snapshot().snapshot_id
+            snapshot = committed.current_snapshot()
+            assert snapshot is not None  # a committed transaction always has a current snapshot
+            return snapshot.snapshot_id
         raise AssertionError("unreachable")
 
     def write_and_commit(

@@ -4,6 +4,9 @@ Kept cheap to import (no tensorflow, paddle, pyspark or great_expectations here)
 daemon and every sensor tick load it.
 """
 
+from collections.abc import Sequence
+from typing import cast
+
 import dagster as dg
 
 from dgx_assets import settings
@@ -36,7 +39,8 @@ TRAINING_STAGES = {"image_features": "ingest", "trained_model": "model"}
 
 
 def _staged(domain: dg.Definitions, stages: dict[str, str]) -> dg.Definitions:
-    assets = dg.map_asset_specs(lambda spec: spec.replace_attributes(group_name=stages[spec.key.to_user_string()]), domain.assets)
+    defined = cast(Sequence[dg.AssetsDefinition], domain.assets)  # the domains define assets only, no source assets
+    assets = dg.map_asset_specs(lambda spec: spec.replace_attributes(group_name=stages[spec.key.to_user_string()]), defined)
     return dg.Definitions(
         assets=assets, asset_checks=domain.asset_checks, jobs=domain.jobs, schedules=domain.schedules, sensors=domain.sensors
     )

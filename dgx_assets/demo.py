@@ -82,9 +82,9 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     import dagster as dg
 
     from dgx_assets import settings
-    from dgx_assets.definitions import defs
+    from dgx_assets.definitions import RESOURCES, defs
     from dgx_assets.ingest.landing import scan_landing
-    from dgx_assets.partitions import image_batches
+    from dgx_assets.partitions import IMAGE_BATCHES
 
     log_path = settings.state_dir() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,9 +99,9 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         print(f"Seeded {sum(counts.values())} ELPV images into {landing} ({len(counts)} batches)")
     ready = [name for name, state in scan_landing(landing).items() if state.complete]
 
-    generator = _build_generator_in_background(defs.resources["ernie"])
+    generator = _build_generator_in_background(RESOURCES["ernie"])
     instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the repository's dagster.yaml, so the UI shows these runs
-    instance.add_dynamic_partitions(image_batches.name, ready)
+    instance.add_dynamic_partitions(IMAGE_BATCHES, ready)
     per_batch, whole = demo_selection(defs)
     job = defs.resolve_implicit_global_asset_job_def()
 
@@ -134,7 +134,7 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     print(f"Lake (Iceberg tables: dgx-assets lake snapshots; models, report): {lake}")
     print(f"Quality report: {lake}/quality_report/report.html")
     verdict = instance.get_latest_materialization_event(report_key)
-    if verdict is not None:
+    if verdict is not None and verdict.asset_materialization is not None:
         print(f"Verdict: {verdict.asset_materialization.metadata['verdict'].value}")
     print(f"MLflow store: {settings.mlflow_tracking_uri()}  (make mlflow-ui, then {settings.mlflow_ui_url()})")
     print(f"Dagster UI with these runs: make dev, then {settings.dagster_ui_url()}")
@@ -241,9 +241,9 @@ class _GateConsole(logging.Logger):
     # failed blocking check -> its description, per run (the run's failure is logged by another logger instance)
     fixes: ClassVar[dict[str, dict[str, str]]] = {}
     # step -> why its asset was held back (champion_model's decision), per run, until the step ends
-    decisions: ClassVar[dict[str, dict[str, str]]] = {}
+    decisions: ClassVar[dict[str, dict[str | None, str]]] = {}
     # step -> what a failed warning check found, per run, until the step ends
-    warnings: ClassVar[dict[str, dict[str, str]]] = {}
+    warnings: ClassVar[dict[str, dict[str | None, str]]] = {}
 
     def __init__(self, inner: logging.Logger | None, progress: DemoProgress | None = None, log_file=None):
         super().__init__("dgx_demo", logging.DEBUG)
@@ -255,7 +255,9 @@ class _GateConsole(logging.Logger):
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
         run = meta.get("run_id") or ""
-        fixes, decided, warning_checks = (per_run.setdefault(run, {}) for per_run in (self.fixes, self.decisions, self.warnings))
+        fixes = self.fixes.setdefault(run, {})
+        decided = self.decisions.setdefault(run, {})
+        warning_checks = self.warnings.setdefault(run, {})
         held = warned = None
         if event is not None and event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
             summary = _held_back(event.event_specific_data.materialization)
@@ -338,12 +340,16 @@ class DemoProgress:
                 status = "held back"
             elif warned and kind == dg.DagsterEventType.STEP_SUCCESS:
                 status = "warning"
+            elif kind == dg.DagsterEventType.STEP_SUCCESS:
+                status = "ok"
+            elif kind == dg.DagsterEventType.STEP_SKIPPED:
+                status = "skipped"
             else:
-                status = {dg.DagsterEventType.STEP_SUCCESS: "ok", dg.DagsterEventType.STEP_SKIPPED: "skipped"}.get(kind, "FAILED")
+                status = "FAILED"
             self._line(f"  {step:<46} {status:<10} {seconds:7.1f} s")
             if held:
                 self._line(f"      what to fix: {held}")
-            elif status == "warning":
+            elif warned and status == "warning":
                 self._line(f"      {warned.splitlines()[0][:300]}")
             elif status == "FAILED":
                 self._line(f"      {message.splitlines()[0][:300]}")
@@ -351,20 +357,22 @@ class DemoProgress:
             self._advance(progress)
 
     def _advance(self, progress: dict) -> None:
+        bar = self._bar
+        assert bar is not None  # event() advances only an open bar
         kind = progress.get("kind")
         if kind == "spark_tasks":
-            self._bar.unit, self._bar.total, self._bar.n = "tasks", int(progress["total"]), int(progress["done"])
-            self._bar.bar_format = _TASKS_BAR
+            bar.unit, bar.total, bar.n = "tasks", int(progress["total"]), int(progress["done"])
+            bar.bar_format = _TASKS_BAR
         elif kind == "epoch":
-            self._bar.unit, self._bar.total, self._bar.n = "epochs", None, int(progress["epoch"])
-            self._bar.bar_format = _EPOCHS_BAR
+            bar.unit, bar.total, bar.n = "epochs", None, int(progress["epoch"])
+            bar.bar_format = _EPOCHS_BAR
             metrics = ", ".join(f"{name}={value:.4f}" for name, value in progress.get("metrics", {}).items())
-            self._bar.set_postfix_str(metrics[:70], refresh=False)
+            bar.set_postfix_str(metrics[:70], refresh=False)
         elif kind == "phase":
-            self._bar.set_description_str(str(progress["phase"]), refresh=False)
+            bar.set_description_str(str(progress["phase"]), refresh=False)
         else:
             return
-        self._bar.refresh()
+        bar.refresh()
 
     def _open_bar(self, step: str, unit: str) -> None:
         self._close_bar()

@@ -93,15 +93,15 @@ class GuardedH11Protocol(H11Protocol):
             self._refuse(503, "too many open connections; retry later")
         elif self.tls is not None:
             transport.pause_reading()  # the ClientHello is for start_tls's protocol, not this one
-            self.handshake = self.loop.create_task(self._handshake(transport))  # held: the loop keeps weak refs
+            self.handshake = self.loop.create_task(self._handshake(transport, self.tls))  # held: the loop keeps weak refs
         else:
             self._established(transport)
 
-    async def _handshake(self, raw) -> None:
+    async def _handshake(self, raw, tls: ssl.SSLContext) -> None:
         started = self.loop.time()
         try:
             secure = await self.loop.start_tls(
-                raw, self, self.tls, server_side=True, ssl_handshake_timeout=self.limits.handshake_timeout_s
+                raw, self, tls, server_side=True, ssl_handshake_timeout=self.limits.handshake_timeout_s
             )
         except asyncio.CancelledError:  # the server is stopping
             self._uncount()
@@ -287,8 +287,9 @@ def uvicorn_config(app, protocol: type[H11Protocol], keep_alive_s: float, gracef
         log_config=None,
         proxy_headers=False,
         server_header=False,
-        timeout_keep_alive=keep_alive_s,
-        timeout_graceful_shutdown=graceful_s,
+        # uvicorn annotates these int, but takes any number of seconds
+        timeout_keep_alive=keep_alive_s,  # pyright: ignore[reportArgumentType]
+        timeout_graceful_shutdown=graceful_s,  # pyright: ignore[reportArgumentType]
     )
 
 

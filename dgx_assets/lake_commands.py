@@ -45,6 +45,9 @@ def _export(args: argparse.Namespace) -> int:
         print("give TABLE and --snapshot ID, or --mlflow-run RUN_ID")
         return 2
     rows = _lake(args).tables.scan(table, args.columns.split(",") if args.columns else None, snapshot_id=snapshot_id)
+    if rows is None:
+        print(f"dgx.{table} does not exist or has no snapshot yet (`dgx-assets lake snapshots` lists the tables)")
+        return 2
     pq.write_table(rows, args.out)
     print(f"dgx.{table} at snapshot {snapshot_id}: {rows.num_rows} rows -> {args.out}")
     return 0

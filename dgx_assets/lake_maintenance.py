@@ -43,11 +43,12 @@ def expire_snapshots(
 ) -> list[int]:
     """Expire the snapshots of a table that are older than `older_than` and not among the last `retain_last`."""
     table = lake.tables.table(name)
-    if table is None or table.current_snapshot() is None:
+    current = table.current_snapshot() if table is not None else None
+    if table is None or current is None:
         return []
     cutoff_ms = (dt.datetime.now(dt.UTC) - older_than).timestamp() * 1000
     snapshots = sorted(table.snapshots(), key=lambda snap: snap.timestamp_ms)
-    kept = {snap.snapshot_id for snap in snapshots[-retain_last:]} | {table.current_snapshot().snapshot_id}
+    kept = {snap.snapshot_id for snap in snapshots[-retain_last:]} | {current.snapshot_id}
     expired = [snap.snapshot_id for snap in snapshots if snap.timestamp_ms < cutoff_ms and snap.snapshot_id not in kept]
     if expired:
         table.maintenance.expire_snapshots().by_ids(expired).commit()
@@ -79,7 +80,11 @@ def remove_orphan_files(lake: Lake, name: str, older_than: dt.timedelta = ORPHAN
         normalize_uri(table.location()), pafs.FileType.File, referenced_files(table), cutoff_ns, dry_run, recursive=True
     )
     # Folders of files that belong to a version (FILES_FOLDER), beside those that kept snapshots name.
-    named = {normalize_uri(snap.summary.additional_properties[FILES_FOLDER]) for snap in table.snapshots() if _names_folder(snap)}
+    named = {
+        normalize_uri(snap.summary.additional_properties[FILES_FOLDER])
+        for snap in table.snapshots()
+        if snap.summary is not None and FILES_FOLDER in snap.summary.additional_properties
+    }
     parents = {posixpath.dirname(folder) for folder in named}
     return files + [uri for parent in parents for uri in _sweep(parent, pafs.FileType.Directory, named, cutoff_ns, dry_run)]
 
@@ -96,10 +101,6 @@ def _sweep(uri: str, kind: pafs.FileType, keep: set[str], cutoff_ns: float, dry_
             if not dry_run:
                 (fs.delete_file if kind == pafs.FileType.File else fs.delete_dir)(info.path)
     return removed
-
-
-def _names_folder(snap) -> bool:
-    return snap.summary is not None and FILES_FOLDER in snap.summary.additional_properties
 
 
 def maintain(

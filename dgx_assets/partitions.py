@@ -1,11 +1,12 @@
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import dagster as dg
 
 # One partition per top-level batch folder of the landing zone; the new-data sensor adds them.
-image_batches = dg.DynamicPartitionsDefinition(name="image_batches")
+IMAGE_BATCHES = "image_batches"
+image_batches = dg.DynamicPartitionsDefinition(name=IMAGE_BATCHES)
 
 # A backfill of many batches runs as runs of at most this many batches, each run with one SparkSession: Spark's
 # start-up is paid once per run instead of once per batch, and a failed run redoes at most this many.
@@ -59,7 +60,7 @@ def materialize_batches(
     )
 
 
-def batch_metadata(metadata: dict, batch: str, key: str):
+def batch_metadata(metadata: Mapping, batch: str, key: str):
     """``key`` of a materialization's metadata for ``batch``: its own, or its row of a backfill run's summary."""
     if key in metadata:
         return metadata[key].value

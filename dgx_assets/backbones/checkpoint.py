@@ -186,8 +186,9 @@ class _RestrictedUnpickler(pickle._Unpickler):
     """Unpickler that resolves only the globals and opcodes a tensor state dict uses."""
 
     dispatch = _Opcodes({code: load for code, load in pickle._Unpickler.dispatch.items() if code in _OPCODES})
+    stack: list[Any]  # pickle._Unpickler's working stack, which typeshed leaves out
 
-    def __init__(self, file: BinaryIO, storages: dict[str, _StorageRef]) -> None:
+    def __init__(self, file: BinaryIO | io.RawIOBase, storages: dict[str, _StorageRef]) -> None:
         super().__init__(file)
         self._storages = storages
 
@@ -222,18 +223,18 @@ class _RestrictedUnpickler(pickle._Unpickler):
 
     def load_setitem(self) -> None:
         _check_key(self.stack[-2])
-        super().load_setitem()
+        super().load_setitem()  # pyright: ignore[reportAttributeAccessIssue]
 
     def load_setitems(self) -> None:
         for key in self.stack[::2]:  # after MARK, the stack holds only key, value, key, value...
             _check_key(key)
-        super().load_setitems()
+        super().load_setitems()  # pyright: ignore[reportAttributeAccessIssue]
 
     def load_reduce(self) -> None:
         func, args = self.stack[-2], self.stack[-1]
         if (func is not _rebuild_tensor and func is not _ordered_dict) or type(args) is not tuple:
             raise CheckpointError(f"refusing checkpoint: a call of {_short(func)}, which is not a tensor or dict constructor")
-        super().load_reduce()
+        super().load_reduce()  # pyright: ignore[reportAttributeAccessIssue]
 
     def load_build(self) -> None:
         # torch sets an OrderedDict's `_metadata` attribute this way; storages and tensors take no state.
@@ -243,7 +244,7 @@ class _RestrictedUnpickler(pickle._Unpickler):
         for key in state:
             if type(key) is not str or not key.isidentifier():
                 raise CheckpointError("refusing checkpoint: BUILD with an attribute name that is not an identifier")
-        super().load_build()
+        super().load_build()  # pyright: ignore[reportAttributeAccessIssue]
 
     dispatch[pickle.SETITEM[0]] = load_setitem
     dispatch[pickle.SETITEMS[0]] = load_setitems

@@ -69,6 +69,8 @@ def challenger_model(
         code_version=CHALLENGER_CODE_VERSION,
         job_name=context.job_name,
     )
+    features_table = store.tables.table("image_features")
+    assert features_table is not None  # current_features found its files
     session = spark.spark_session
     try:
         with spark_progress(session, context.log.info):
@@ -76,7 +78,7 @@ def challenger_model(
                 session,
                 files,
                 list(features.uris),
-                store.tables.table("image_features").location(),
+                features_table.location(),
                 challenger,
                 tracking,
                 lineage,

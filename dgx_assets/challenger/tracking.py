@@ -53,7 +53,7 @@ def train_and_track_challenger(
     check_tracking_uri(tracking.tracking_uri)
     say = log or (lambda message: None)
     import mlflow
-    import mlflow.xgboost
+    from mlflow.xgboost import log_model
 
     setup = prepare_run(tracking, lineage, files, CHALLENGER_ASSET)
     client, experiment_id, entries = setup.client, setup.experiment_id, setup.entries
@@ -80,7 +80,7 @@ def train_and_track_challenger(
         mlflow.log_dict(
             {"class_names": result.class_names, "confusion_matrix": result.test.confusion_matrix}, "evaluation/test_report.json"
         )
-        info = mlflow.xgboost.log_model(
+        info = log_model(
             result.booster,
             name="model",
             registered_model_name=tracking.registered_model_name,

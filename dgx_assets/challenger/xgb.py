@@ -135,7 +135,7 @@ def train_challenger(
     started = time.perf_counter()
     scored = (
         model.transform(frame.where(F.col("split") == "test"))
-        .select("label_index", vector_to_array("probability").alias("p"))
+        .select("label_index", vector_to_array(F.col("probability")).alias("p"))
         .collect()
     )
     scoring_seconds = time.perf_counter() - started

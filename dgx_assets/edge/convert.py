@@ -253,7 +253,8 @@ def convert_to_tflite(
         raise ValueError("int8 quantisation needs representative images from the training split; none were given")
     _, _, channels = model_input_shape(model)
     expected = (config.raw_height, config.raw_width, channels)
-    for image in (representative_images or [])[: config.representative_samples]:
+    samples = list((representative_images or [])[: config.representative_samples])
+    for image in samples:
         if tuple(np.shape(image)) != expected:
             raise ValueError(f"representative image shaped {np.shape(image)}, the edge input is {expected}")
     float_layers = _float_layer_names(model, config.float_layers) if config.quantization == "int8" else []
@@ -266,11 +267,10 @@ def convert_to_tflite(
         archive = keras.export.ExportArchive()
         archive.track(model)
         archive.add_endpoint(name=SIGNATURE_KEY, fn=edge)
-        archive.write_out(export_dir, verbose=False)
+        archive.write_out(export_dir, verbose=False)  # pyright: ignore[reportAttributeAccessIssue]
         converter = tf.lite.TFLiteConverter.from_saved_model(export_dir, signature_keys=[SIGNATURE_KEY])
         converter.optimizations = [] if config.quantization == "float32" else [tf.lite.Optimize.DEFAULT]
         if config.quantization == "int8":
-            samples = list(representative_images[: config.representative_samples])
             converter.representative_dataset = lambda: representative_dataset(samples, len(samples))
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
             converter.inference_input_type = tf.uint8
@@ -326,7 +326,8 @@ def _quantize_except(converter, layer_names: Sequence[str]) -> bytes:
     denylist = [name for name in tensor_names if wanted & _scopes(name)]
     if not denylist:
         raise ValueError(f"float_layers matched the layers {sorted(wanted)}, but none of them computes an op of the edge model")
-    return tflite_convert.mlir_quantize(
+    mlir_quantize: Any = tflite_convert.mlir_quantize  # TF-internal, annotated with a DType class tf.uint8 is not
+    return mlir_quantize(
         calibrated,
         disable_per_channel=converter._experimental_disable_per_channel,
         input_data_type=tf.uint8,

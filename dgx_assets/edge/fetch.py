@@ -69,7 +69,11 @@ def fetch_edge_model(
         raise EdgeRuntimeError("give exactly one of --version or --alias")
     client = MlflowClient(tracking_uri)
     try:
-        found = client.get_model_version(model_name, version) if version else client.get_model_version_by_alias(model_name, alias)
+        if version is not None:
+            found = client.get_model_version(model_name, version)
+        else:
+            assert alias is not None  # exactly one of the two, checked above
+            found = client.get_model_version_by_alias(model_name, alias)
     except MlflowException as error:
         raise EdgeRuntimeError(
             f"no version {version or alias!r} of registered model {model_name!r} at {tracking_uri}: {error.message}"

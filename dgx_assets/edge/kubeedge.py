@@ -193,8 +193,8 @@ def shipped_edge_model(tracking_uri: str, model_name: str, version: str) -> dict
         run_tags = client.get_run(found.run_id).data.tags if found.run_id else {}
     except (MlflowException, OSError):
         return None
-    shipped = {"format": run_tags.get("dgx.edge_model.format"), "sha256": found.tags.get("dgx.edge_model.sha256")}
-    return shipped if all(shipped.values()) else None
+    edge_format, sha256 = run_tags.get("dgx.edge_model.format"), found.tags.get("dgx.edge_model.sha256")
+    return {"format": edge_format, "sha256": sha256} if edge_format and sha256 else None
 
 
 def champion_version(tracking_uri: str, model_name: str, alias: str = "champion") -> str:

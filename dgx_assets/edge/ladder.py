@@ -122,8 +122,9 @@ def run_ladder(
         except (ValueError, RuntimeError) as error:  # LiteRT refusing a model, a converter error: this format is out
             if quantization == formats[-1]:
                 raise ValueError(f"the {quantization} edge model cannot be built or run: {error}") from error
-            trials.append(BrokenTrial(quantization, f"{type(error).__name__}: {error}"[:500]))
-            log(f"{quantization}: {trials[-1].error}")
+            broken = BrokenTrial(quantization, f"{type(error).__name__}: {error}"[:500])
+            trials.append(broken)
+            log(f"{quantization}: {broken.error}")
             continue
         trials.append(trial)
         verdict = "passes" if trial.gate.passed else "fails: " + "; ".join(trial.gate.reasons)

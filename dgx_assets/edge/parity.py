@@ -33,21 +33,21 @@ class GateSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     max_accuracy_drop_points: float = Field(
-        1.0,
+        default=1.0,
         ge=0.0,
         le=100.0,
         description="Most the edge model's test accuracy may fall below trained_model's, in points (OpenVINO's "
         "accuracy-aware quantization accepts a 1-point absolute drop; MLPerf 99 % of fp32)",
     )
     max_negative_flip_rate: float = Field(
-        0.02,
+        default=0.02,
         ge=0.0,
         le=1.0,
         description="Most test images trained_model gets right and the edge model wrong, as a fraction: "
         "accuracy can hold while individual images regress, and these are the regressions users notice",
     )
     confident_margin: float = Field(
-        CONFIDENT_MARGIN,
+        default=CONFIDENT_MARGIN,
         gt=0.0,
         le=1.0,
         description="No disagreement on an image trained_model decides with at least this margin (top-two "

@@ -153,7 +153,9 @@ class EdgeClassifier:
         self.class_names = list(self.contract["class_names"])
         self.format = str(self.contract.get("format") or self.contract.get("quantization") or "unknown")
         decision = self.contract.get("decision") or {}
-        self.threshold, self.positive_index = decision.get("threshold"), decision.get("positive_index")
+        # model_contract checked that the decision gives both or neither
+        self.threshold: float | None = decision.get("threshold")
+        self.positive_index: int | None = decision.get("positive_index")
         self.max_pixels = max_pixels
         try:
             interpreter = Interpreter(model_path=str(model_path), num_threads=num_threads)
@@ -192,11 +194,12 @@ class EdgeClassifier:
         if self.threshold is None:
             return int(np.argmax(probabilities))
         positive = self.positive_index
+        assert positive is not None  # set with the threshold
         return positive if float(probabilities[positive]) >= self.threshold else 1 - positive
 
     @property
     def decision_rule(self) -> str:
-        if self.threshold is None:
+        if self.threshold is None or self.positive_index is None:
             return "the most probable class"
         return f"{self.class_names[self.positive_index]} when its probability is at least {self.threshold:g}"
 

@@ -81,7 +81,7 @@ class EdgeApp:
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="classify")  # one decode in memory at a time
         app = Starlette(
             routes=[Route("/healthz", self.health, methods=["GET"]), Route("/v1/classify", self.classify, methods=["POST"])],
-            exception_handlers={HTTPException: self.http_error, Exception: self.crash},
+            exception_handlers={HTTPException: self.http_error, Exception: self.crash},  # pyright: ignore[reportArgumentType]
         )
         app.router.redirect_slashes = False
         self.app = http_limits.BodyGuard(app, self.finished)

@@ -28,6 +28,7 @@ def embed_contract(tflite_model: bytes, contract: dict) -> bytes:
     model.metadata = [entry for entry in (model.metadata or []) if _name(entry.name) != CONTRACT_NAME]
     buffer = schema.BufferT()
     buffer.data = list(json.dumps(contract, sort_keys=True).encode())
+    model.buffers = model.buffers or []  # the schema lets a model have none
     model.buffers.append(buffer)
     entry = schema.MetadataT()
     entry.name = CONTRACT_NAME
@@ -46,12 +47,14 @@ def read_contract(tflite_model: bytes) -> dict:
         model = schema.Model.GetRootAs(tflite_model, 0)
         for index in range(model.MetadataLength()):
             entry = model.Metadata(index)
+            assert entry is not None  # None only past MetadataLength()
             if _name(entry.Name()) != CONTRACT_NAME:
                 continue
             buffer = model.Buffers(entry.Buffer())
             if buffer is None or not 0 < buffer.DataLength() <= MAX_CONTRACT_BYTES:
                 raise MetadataError(f"the model's {CONTRACT_NAME} entry is missing its data or over {MAX_CONTRACT_BYTES} bytes")
-            contract = json.loads(buffer.DataAsNumpy().tobytes())
+            # DataLength() > 0, so an array (flatbuffers gives 0 for no data)
+            contract = json.loads(buffer.DataAsNumpy().tobytes())  # pyright: ignore[reportAttributeAccessIssue]
             if not isinstance(contract, dict):
                 raise MetadataError(f"the model's {CONTRACT_NAME} entry is not a JSON object")
             return contract

@@ -105,6 +105,7 @@ def ernie_generated_images(
         snapshot_id = _commit(context, frame, lake, png_folder)
 
     written = table.written_dataset(store, snapshot_id)
+    assert written is not None  # the commit above added files
     summary = table.summarize(written)
     reused = prompt_count - pending
     metadata = {

@@ -46,9 +46,9 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
         sent,
         "ernie_generated_valid_share",
         [
-            gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[table.VALID], mostly=config.min_valid_share),
-            gx.expectations.ExpectColumnValuesToBeUnique(column="file_name"),
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="status"),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[table.VALID], mostly=config.min_valid_share),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeUnique(column="file_name"),  # pyright: ignore[reportPrivateImportUsage]
         ],
         settings.state_dir() / "gx",
         f"{ASSET_KEY}.generated_images_valid",

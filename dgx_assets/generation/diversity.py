@@ -39,7 +39,7 @@ def pairwise_diversity(ids: Sequence[str], vectors: np.ndarray, closest: int = 3
     first, second = np.triu_indices(len(ids), k=1)
     pairs = distances[first, second]
     order = np.argsort(pairs, kind="stable")[:closest]
-    nearest = [(str(ids[first[i]]), str(ids[second[i]]), round(float(pairs[i]), 4)) for i in order]
+    nearest = [(str(ids[int(first[i])]), str(ids[int(second[i])]), round(float(pairs[i]), 4)) for i in order]
     return Diversity(len(ids), float(pairs.mean()), nearest)
 
 
@@ -55,5 +55,5 @@ def embed(contents: Sequence[bytes]) -> np.ndarray:
     features = compute_features(rows, FeatureConfig())
     failed = features["feature_status"] != "ok"
     if failed.any():
-        raise ValueError(f"{int(failed.sum())} image(s) could not be embedded: {features['feature_error'][failed].iloc[0]}")
+        raise ValueError(f"{int(failed.sum())} image(s) could not be embedded: {features.loc[failed, 'feature_error'].iloc[0]}")
     return np.stack([np.asarray(vector, dtype=np.float32) for vector in features["embedding"]])

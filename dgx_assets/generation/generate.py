@@ -63,17 +63,20 @@ def write_pngs(rows: list[dict], job: GenerationJob) -> None:
 
 def generate_batches(job: GenerationJob):
     """mapInPandas body for prompts to generate: one output row per input prompt."""
+    client_settings = job.client
+    if client_settings is None:
+        raise ValueError("prompts to generate, but the GenerationJob has no client settings (no serving endpoints)")
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        client = get_client(job.client)
+        client = get_client(client_settings)
         for frame in frames:
             now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
             rows = [start_row(record, job, now) for record in _records(frame)]
             generate_rows(client, rows, job.max_attempts)
             write_pngs(rows, job)
-            yield pd.DataFrame(rows, columns=COLUMNS)
+            yield pd.DataFrame(rows, columns=COLUMNS)  # pyright: ignore[reportArgumentType]
 
     return run
 
@@ -87,7 +90,7 @@ def rewrite_batches(job: GenerationJob):
         for frame in frames:
             rows = _records(frame)
             write_pngs(rows, job)
-            yield pd.DataFrame(rows, columns=COLUMNS)
+            yield pd.DataFrame(rows, columns=COLUMNS)  # pyright: ignore[reportArgumentType]
 
     return run
 

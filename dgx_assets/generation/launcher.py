@@ -16,10 +16,11 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from dgx_assets import settings
 from dgx_assets.locks import file_lock
@@ -39,7 +40,7 @@ class ServerProcess:
     log_path: Path
     host: str = "127.0.0.1"
     port: int | None = None
-    _log_handle: object = field(default=None, repr=False)
+    _log_handle: IO[bytes] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -85,7 +86,7 @@ def start_server(
     log_dir: str | Path | None = None,
     config_file: str | None = None,
     token_env: str | None = None,
-    extra_args: list[str] = (),
+    extra_args: Sequence[str] = (),
     env: dict | None = None,
     gpu_id: int | None = None,
 ) -> ServerProcess:
@@ -213,7 +214,7 @@ def check_model_dir(model_dir: str | Path) -> None:
         )
 
 
-def build_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = (), timeout_s: float = 900.0) -> Path:
+def build_generator(out_dir: str | Path, quick: bool = False, extra_args: Sequence[str] = (), timeout_s: float = 900.0) -> Path:
     """Train and export the generator in a separate interpreter (paddle never enters this one).
 
     It is built beside `out_dir` and its files moved in one by one, the metadata last (MODEL_FILES' order): a
@@ -237,7 +238,7 @@ def build_generator(out_dir: str | Path, quick: bool = False, extra_args: list[s
     return out
 
 
-def ensure_generator(out_dir: str | Path, quick: bool = False, extra_args: list[str] = ()) -> Path:
+def ensure_generator(out_dir: str | Path, quick: bool = False, extra_args: Sequence[str] = ()) -> Path:
     """The generator in `out_dir`, built first if it is not there.
 
     Callers that arrive while another (thread or process) builds it wait for that build instead of starting

@@ -6,6 +6,8 @@ table without loading the Spark-side generation code.
 
 from __future__ import annotations
 
+from typing import cast
+
 from dgx_assets.generation.client import BAD_REPLY
 
 VALID = "valid"
@@ -40,9 +42,10 @@ def png_folder(lake) -> str:
 def arrow_schema():
     """The table's columns as Arrow types (what the executors write)."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import StructType, _parse_datatype_string
 
-    return to_arrow_schema(_parse_datatype_string(GENERATED_SCHEMA), timezone="UTC")
+    columns = cast(StructType, _parse_datatype_string(GENERATED_SCHEMA))  # a DDL column list parses to a StructType
+    return to_arrow_schema(columns, timezone="UTC")
 
 
 def written_dataset(lake, snapshot_id: int | None = None):
@@ -62,9 +65,9 @@ def summarize(dataset) -> dict:
     total = truncated = 0
     for batch in dataset.to_batches(columns=["status", "truncated", "endpoint"]):
         total += batch.num_rows
-        truncated += pc.sum(batch.column("truncated")).as_py() or 0
+        truncated += pc.sum(batch.column("truncated")).as_py() or 0  # pyright: ignore[reportAttributeAccessIssue]
         for counts, column in ((statuses, "status"), (endpoints, "endpoint")):
-            for entry in pc.value_counts(batch.column(column)).to_pylist():
+            for entry in pc.value_counts(batch.column(column)).to_pylist():  # pyright: ignore[reportAttributeAccessIssue]
                 if entry["values"]:  # nulls and empty endpoints (rows never sent) are not counted
                     counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
     counts = {status: statuses[status] for status in STATUSES if status in statuses}

@@ -112,7 +112,7 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
             lake,
             "raw_images_valid_share",
             [
-                gx.expectations.ExpectColumnValuesToBeInSet(
+                gx.expectations.ExpectColumnValuesToBeInSet(  # pyright: ignore[reportPrivateImportUsage]
                     column="status", value_set=[images.VALID], mostly=config.min_valid_share
                 ),
             ],
@@ -149,9 +149,9 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
 
     def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
         return [
-            gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),
-            gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),
+            gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),  # pyright: ignore[reportPrivateImportUsage]
         ]
 
     return _each_batch(
@@ -174,8 +174,8 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
 
     def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
         return [
-            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),
-            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),  # pyright: ignore[reportPrivateImportUsage]
         ]
 
     return _each_batch(
@@ -204,7 +204,7 @@ def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkRes
                 spark,
                 lake,
                 "raw_images_duplicates",
-                [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")],
+                [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")],  # pyright: ignore[reportPrivateImportUsage]
                 valid_only=True,
             ),
             severity=dg.AssetCheckSeverity.WARN,

@@ -2,7 +2,7 @@ import json
 
 import dagster as dg
 
-from dgx_assets.partitions import image_batches
+from dgx_assets.partitions import IMAGE_BATCHES, image_batches
 from dgx_assets.resources import LakeResource
 
 # Exactly raw_images and image_features of one batch, with their checks: named, not "downstream of raw_images",
@@ -76,7 +76,7 @@ def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource)
         cursor["requested"][state.name] = state.fingerprint
         seen.pop(state.name)
     cursor["seen"] = seen
-    new_keys = [s.name for s in ready if not context.instance.has_dynamic_partition(image_batches.name, s.name)]
+    new_keys = [s.name for s in ready if not context.instance.has_dynamic_partition(IMAGE_BATCHES, s.name)]
     notes = list(waiting)
     if zone.refused:
         names = ", ".join(f"{entry.path[len(zone.root) :].lstrip('/')} ({entry.status})" for entry in zone.refused)

@@ -16,7 +16,7 @@ def read_partition_summary(lake: Lake, batch: str, snapshot_id: int | None = Non
     (the current one by default)."""
     from pyiceberg.expressions import EqualTo
 
-    table = lake.tables.scan(TABLE, SUMMARY_COLUMNS, EqualTo(PARTITION_COLUMN, batch), snapshot_id)
+    table = lake.tables.scan(TABLE, SUMMARY_COLUMNS, EqualTo(PARTITION_COLUMN, batch), snapshot_id)  # pyright: ignore[reportCallIssue]
     return table if table is not None and table.num_rows else None
 
 

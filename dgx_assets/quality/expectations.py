@@ -52,7 +52,7 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
         gx.Checkpoint(
             name=f"{suite_name}_checkpoint",
             validation_definitions=[validation],
-            actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs")],
+            actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs")],  # pyright: ignore[reportPrivateImportUsage]
             result_format={"result_format": "COMPLETE", "partial_unexpected_count": 10},
         )
     )
@@ -61,13 +61,14 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
     run = checkpoint.run(batch_parameters={"dataframe": dataframe}, run_id=RunIdentifier(run_name=run_name or suite_name))
     result = next(iter(run.run_results.values()))
     docs = context.get_docs_sites_urls()
-    if docs:
-        offline_data_docs(_site_dir(docs[0]["site_url"]))
+    site_url = docs[0]["site_url"] if docs else None  # None too when GE finds no built index page
+    if site_url:
+        offline_data_docs(_site_dir(site_url))
     return SuiteOutcome(
         success=bool(result.success),
         statistics=dict(result.statistics),
         expectations=[_describe(r) for r in result.results],
-        data_docs=docs_address(docs[0]["site_url"]) if docs else None,
+        data_docs=docs_address(site_url) if site_url else None,
     )
 
 

@@ -170,9 +170,10 @@ def _log_to_mlflow(tracking_uri: str, run_id: str, page: str) -> None:
 @dg.asset_check(asset=quality_report, description="The quality report's verdict: fails on `fail`, warns on `warn`.")
 def report_verdict(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
     event = context.instance.get_latest_materialization_event(quality_report.key)
-    metadata = event.asset_materialization.metadata if event else {}
-    level = metadata["verdict"].value if "verdict" in metadata else "fail"
-    reasons = metadata["reasons"].value if "reasons" in metadata else "- quality_report has not been materialized"
+    materialization = event.asset_materialization if event else None
+    metadata = materialization.metadata if materialization else {}
+    level = str(metadata["verdict"].value) if "verdict" in metadata else "fail"
+    reasons = str(metadata["reasons"].value) if "reasons" in metadata else "- quality_report has not been materialized"
     return dg.AssetCheckResult(
         passed=level == "pass",
         severity=dg.AssetCheckSeverity.ERROR if level == "fail" else dg.AssetCheckSeverity.WARN,

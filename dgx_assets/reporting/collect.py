@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.compute as pc
 
@@ -52,14 +53,17 @@ def ingestion(lake: Lake) -> dict[str, dict]:
     if table is None:
         return {}
     batches = table.column("batch")
-    return {batch: tables.summarize(table.filter(pc.equal(batches, batch))) for batch in sorted(set(batches.to_pylist()))}
+    return {
+        batch: tables.summarize(table.filter(pc.equal(batches, batch)))  # pyright: ignore[reportAttributeAccessIssue]
+        for batch in sorted(set(batches.to_pylist()))
+    }
 
 
 def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
     """The latest result of every check, per partition for partitioned checks."""
     outcomes = []
     for key in check_keys:
-        latest: dict[str | None, object] = {}
+        latest: dict[str | None, Any] = {}  # partition -> its latest AssetCheckEvaluation
         for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=200):
             evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
             if evaluation is None or not hasattr(evaluation, "passed"):
@@ -141,7 +145,7 @@ def image_statistics(lake: Lake) -> tuple[dict[str, dict], list[dict]]:
         for batch, values in sorted(per_batch.items()):
             if len(values) < 5 or len(reference) < 5:
                 continue
-            result = ks_2samp(values, reference)
+            result: Any = ks_2samp(values, reference)  # scipy's result "bunch" class is opaque to pyright
             tests.append(
                 {
                     "batch": batch,
@@ -176,7 +180,7 @@ def label_balance(batches: dict[str, dict]) -> list[dict]:
         # The largest gap; between equal gaps (always, with two classes) the class an inspector looks for.
         gap_class = min(classes, key=lambda c: (-round(abs(shares[c] - others[c]), 9), c != "defective"))
         kept = [i for i in range(len(classes)) if mine[i] + rest[i] > 0]  # a class no batch has tests nothing
-        p_value = float(chi2_contingency([[mine[i] for i in kept], [rest[i] for i in kept]])[1]) if len(kept) > 1 else 1.0
+        p_value = float(chi2_contingency([[mine[i] for i in kept], [rest[i] for i in kept]])[1]) if len(kept) > 1 else 1.0  # pyright: ignore[reportArgumentType]
         points = (shares[gap_class] - others[gap_class]) * 100
         rows.append(
             {
@@ -201,6 +205,7 @@ def model_info(lake: Lake) -> dict | None:
 def mlflow_details(tracking_uri: str, run_id: str) -> tuple[dict, dict | None]:
     """Per-epoch curves and the hardware baseline logged with the training run."""
     import mlflow
+    from mlflow.artifacts import load_dict
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -211,7 +216,7 @@ def mlflow_details(tracking_uri: str, run_id: str) -> tuple[dict, dict | None]:
             curves[key] = [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
     mlflow.set_tracking_uri(tracking_uri)
     try:
-        hardware = mlflow.artifacts.load_dict(f"runs:/{run_id}/hardware/baseline.json")
+        hardware = load_dict(f"runs:/{run_id}/hardware/baseline.json")
     except Exception:  # an older run without the baseline artifact
         hardware = None
     return curves, hardware

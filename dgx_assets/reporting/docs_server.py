@@ -63,7 +63,7 @@ class DocsHandler(http.server.BaseHTTPRequestHandler):
             return
         found = resolve(self.path)
         root = self.served.get(found[0]) if found else None
-        if root is None:
+        if found is None or root is None:
             return self.send_error(404, "not one of the served pages")
         import pyarrow.fs as pafs
 

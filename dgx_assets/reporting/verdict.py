@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 
@@ -34,9 +36,9 @@ def decide(
     checks: list[CheckOutcome],
     drifted: list[str],
     missing: list[str],
-    label_shifts: list[str] = (),
+    label_shifts: Sequence[str] = (),
     held_back: str | None = None,
-    gate_checks: set[tuple[str, str]] = frozenset(),
+    gate_checks: AbstractSet[tuple[str, str]] = frozenset(),
 ) -> Verdict:
     """fail: an error-severity check failed, or a version was held back from promotion (`held_back`, which then
     stands for the failed `gate_checks`: (asset, check) pairs). warn: a warning check failed, drift (image

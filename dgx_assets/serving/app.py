@@ -94,7 +94,7 @@ class ServingApp:
                 Route(OPENAI_ROUTE, self.openai, methods=["POST"]),
                 Route(self.pipeline_path, self.pipeline, methods=["POST"]),
             ],
-            exception_handlers={HTTPException: self.http_error, Exception: self.crash},
+            exception_handlers={HTTPException: self.http_error, Exception: self.crash},  # pyright: ignore[reportArgumentType]
         )
         self.app.router.redirect_slashes = False  # a 307 to "/status" would be the one reply that is not JSON
         self.guard = BodyGuard(self.app, self.finished)  # closes connections whose body was left unread
@@ -287,6 +287,7 @@ class ServingApp:
         from dgx_assets.serving.engine import EngineUnavailable
 
         engine = self.model.engine
+        assert engine is not None  # requests reach the pool only once the model is ready
         tokenized = engine.tokenize(parsed.prompt)
         try:
             pngs = engine.generate(tokenized, parsed.seed, parsed.width, parsed.height, parsed.count)

@@ -73,13 +73,13 @@ class Limits(BaseModel):
 
     model_config = _STRICT
 
-    min_side: int = Field(16, ge=1, le=16384, description="smallest width or height a request may ask for")
-    max_side: int = Field(2048, ge=1, le=16384, description="largest width or height")
-    max_pixels: int = Field(2048 * 2048, ge=1, le=16384**2, description="largest width x height")
-    max_images: int = Field(4, ge=1, le=64, description="images per request (`n`)")
-    max_steps: int = Field(100, ge=1, le=10_000, description="largest num_inference_steps")
+    min_side: int = Field(default=16, ge=1, le=16384, description="smallest width or height a request may ask for")
+    max_side: int = Field(default=2048, ge=1, le=16384, description="largest width or height")
+    max_pixels: int = Field(default=2048 * 2048, ge=1, le=16384**2, description="largest width x height")
+    max_images: int = Field(default=4, ge=1, le=64, description="images per request (`n`)")
+    max_steps: int = Field(default=100, ge=1, le=10_000, description="largest num_inference_steps")
     max_prompt_tokens: int | None = Field(
-        None, ge=1, le=65_536, description="prompt tokens kept (longer prompts are cut); none: the model's own limit"
+        default=None, ge=1, le=65_536, description="prompt tokens kept (longer prompts are cut); none: the model's own limit"
     )
 
 

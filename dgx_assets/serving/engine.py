@@ -93,6 +93,7 @@ class GeneratorEngine:
         config = paddle_infer.Config(str(graph), str(params))
         config.switch_ir_optim(ir_optim)
         if self.device.kind == "gpu":
+            assert self.device.gpu_id is not None  # _choose_device names the GPU it picks
             config.enable_use_gpu(gpu_memory_mb, self.device.gpu_id)
         else:
             config.disable_gpu()
@@ -158,7 +159,7 @@ def load_engine(config) -> GeneratorEngine:
 def _to_png(pixels: np.ndarray, width: int, height: int) -> bytes:
     image = Image.fromarray(np.clip(pixels * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L")
     if image.size != (width, height):
-        image = image.resize((width, height), Image.BICUBIC)
+        image = image.resize((width, height), Image.Resampling.BICUBIC)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
@@ -169,7 +170,7 @@ def _choose_device(device: str, gpu_ids: tuple[int, ...]) -> DeviceChoice:
 
     if device == "cpu":
         return DeviceChoice("cpu", None)
-    has_gpu = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    has_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     if has_gpu:
         return DeviceChoice("gpu", gpu_ids[0] if gpu_ids else 0)
     if device == "gpu":

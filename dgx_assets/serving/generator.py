@@ -189,7 +189,7 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
         "steps": steps,
         "final_loss": last_loss,
         "train_seconds": round(time.monotonic() - started, 1),
-        "paddle_version": paddle.__version__,
+        "paddle_version": paddle.__version__,  # pyright: ignore[reportPrivateImportUsage]
     }
     (out / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
     log(f"exported {out / MODEL_PREFIX}.json/.pdiparams in {meta['train_seconds']}s")

@@ -91,7 +91,7 @@ def load_folder(folder: str | Path, size: int, limit: int | None = None, seed: i
 def _resize_all(arrays, size: int) -> np.ndarray:
     out = np.empty((len(arrays), 1, size, size), dtype=np.float32)
     for index, array in enumerate(arrays):
-        image = Image.fromarray(np.asarray(array)).convert("L").resize((size, size), Image.BILINEAR)
+        image = Image.fromarray(np.asarray(array)).convert("L").resize((size, size), Image.Resampling.BILINEAR)
         out[index, 0] = np.asarray(image, dtype=np.float32) / 255.0
     return out
 

@@ -184,7 +184,7 @@ def _configure_tensorflow(tf: Any, binding: GpuBinding) -> None:
         if binding.uses_gpu and not gpus:
             # Correct results, wrong speed: say so in the executor log (describe_device marks the rows).
             print(
-                f"dgx_assets: Spark assigned GPU {list(binding.addresses)} but TensorFlow sees no GPU "
+                f"dgx_assets: Spark assigned GPU {list(binding.addresses or ())} but TensorFlow sees no GPU "
                 "(no CUDA build or driver in the executor image?); computing on CPU",
                 file=sys.stderr,
             )

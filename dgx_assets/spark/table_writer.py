@@ -75,8 +75,9 @@ def write_parquet(fs, path: str, schema: pa.Schema, batches, blob_columns=(), co
             out,
             schema,
             compression=compression,
-            use_dictionary=others,
-            write_statistics=others,
+            # pyarrow takes a bool or a column list; pyright guesses bool from the unannotated defaults
+            use_dictionary=others,  # pyright: ignore[reportArgumentType]
+            write_statistics=others,  # pyright: ignore[reportArgumentType]
             store_schema=False,
         ) as parquet,
     ):
@@ -102,11 +103,11 @@ except ImportError:  # pragma: no cover
 
 
 @dataclass
-class FileWritten(WriterCommitMessage):
+class FileWritten(WriterCommitMessage):  # pyright: ignore[reportGeneralTypeIssues]
     uri: str | None  # None: the task had no rows
 
 
-class LakeParquetSource(DataSource):
+class LakeParquetSource(DataSource):  # pyright: ignore[reportGeneralTypeIssues]
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
@@ -115,7 +116,7 @@ class LakeParquetSource(DataSource):
         return LakeParquetWriter(self.options)
 
 
-class LakeParquetWriter(DataSourceArrowWriter):
+class LakeParquetWriter(DataSourceArrowWriter):  # pyright: ignore[reportGeneralTypeIssues]
     def __init__(self, options: dict):
         self.folder = options["path"].rstrip("/")
         self.schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(options["schema"])))
@@ -126,6 +127,7 @@ class LakeParquetWriter(DataSourceArrowWriter):
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        assert context is not None  # write() runs inside a Spark task
         uri = f"{self.folder}/part-{context.partitionId():05d}-{context.attemptNumber()}-{uuid.uuid4().hex[:8]}.parquet"
         fs, path = worker_filesystem(uri), path_of(uri)
         fs.create_dir(posixpath.dirname(path), recursive=True)

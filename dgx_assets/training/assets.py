@@ -147,7 +147,7 @@ def _feature_overview(store, batch: str, snapshot_id: int) -> dict:
     from pyiceberg.expressions import EqualTo
 
     columns = ["label", "split", "feature_status", "brightness", "contrast", "sharpness"]
-    frame = store.tables.scan("image_features", columns, EqualTo("batch", batch), snapshot_id).to_pandas()
+    frame = store.tables.scan("image_features", columns, EqualTo("batch", batch), snapshot_id).to_pandas()  # pyright: ignore[reportCallIssue]
     ok = frame[frame["feature_status"] == "ok"]
     return {
         "labels": dict(sorted(Counter(ok["label"]).items())),
@@ -242,10 +242,12 @@ def trained_model(
         except ValueError as error:
             raise dg.Failure(str(error)) from error
         context.log.info(f"Searched hyperparameters {searched['hyperparameters']} (MLflow run {searched['mlflow_run_id']})")
+    features_table = store.tables.table("image_features")
+    assert features_table is not None  # current_features found its files
     try:
         tracked = train_and_track(
             files,
-            store.tables.table("image_features").location(),
+            features_table.location(),
             train_config,
             tracking,
             checkpoints,

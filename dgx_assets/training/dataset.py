@@ -97,9 +97,10 @@ def scan_features(files: FeatureFiles) -> FeatureIndex:
         if good and split in counts:
             counts[split][label] += 1
     class_names = tuple(sorted({label for label, good in zip(labels, ok) if good}))
+    height, width, channels = shapes.pop()
     index = FeatureIndex(
         class_names=class_names,
-        tensor_shape=tuple(int(d) for d in shapes.pop()),
+        tensor_shape=(int(height), int(width), int(channels)),
         counts={split: dict(sorted(c.items())) for split, c in counts.items()},
         failed_rows=ok.count(False),
     )
@@ -234,7 +235,7 @@ def read_embeddings(
     embeddings = table.column("embedding")
     if len(embeddings) == 0 or embeddings.null_count:
         return None
-    flat = pc.list_flatten(embeddings).to_numpy(zero_copy_only=False).astype(np.float32)
+    flat = pc.list_flatten(embeddings).to_numpy(zero_copy_only=False).astype(np.float32)  # pyright: ignore[reportAttributeAccessIssue]
     vectors = flat.reshape(len(embeddings), -1)
     labels = _label_ids(table.column("label").combine_chunks(), pa.array(index.class_names, pa.string()))
     head = dataset.head(sample_rows, columns=["tensor"], filter=scan_filter).column("tensor")
@@ -288,9 +289,9 @@ def _pixel_block(tensors: pa.Array, shape: tuple[int, int, int]) -> np.ndarray:
 
 def _label_ids(labels: pa.Array, class_names: pa.Array) -> np.ndarray:
     """Each row's class index, looked up in Arrow for the whole batch."""
-    ids = pc.index_in(labels, value_set=class_names)
+    ids = pc.index_in(labels, value_set=class_names)  # pyright: ignore[reportAttributeAccessIssue]
     if ids.null_count:
-        unknown = pc.filter(labels, pc.is_null(ids))[0].as_py()
+        unknown = pc.filter(labels, pc.is_null(ids))[0].as_py()  # pyright: ignore[reportAttributeAccessIssue]
         raise FeatureDataError(
             f"label {unknown!r} is not among the scanned classes {class_names.to_pylist()}: "
             "image_features changed while training; start the run again"

@@ -354,6 +354,7 @@ def _run_worker(spec_path: str) -> None:
     model = train.compiled_classifier(config, index, strategy, policy)
     head_start = None
     if config.backbone == EFFICIENTNET_LITE0 and config.head_warm_start:
+        assert config.class_weighting is not None  # the job's config is resolved
         # Deterministic (the same embeddings and seed on every worker), so all workers start from one head.
         head_start = train.warm_start_head(model, job.files, index, config.seed, balanced=config.class_weighting)
 
@@ -474,6 +475,7 @@ def _worker_callbacks(shared: Path, chief: bool, private: Path) -> tuple[Any, An
             folder = shared if chief else private
             folder.mkdir(parents=True, exist_ok=True)
             aside = folder / f".{os.getpid()}.{_WEIGHTS}"
+            assert self.model is not None  # set by fit() before any epoch ends
             self.model.save_weights(aside)
             os.replace(aside, folder / _WEIGHTS)
             state = folder / f".{os.getpid()}.{_STATE}"

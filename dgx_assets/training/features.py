@@ -116,7 +116,7 @@ def compute_features(rows: pd.DataFrame, config: FeatureConfig, device_label: st
     out["feature_status"] = np.where(ok, "ok", "error")
     out["feature_error"] = errors
     out["feature_device"] = device_label
-    return out[FEATURE_COLUMNS]
+    return out[FEATURE_COLUMNS]  # pyright: ignore[reportReturnType]
 
 
 class RowGroup(NamedTuple):
@@ -144,6 +144,8 @@ def plan_row_groups(raw: TableSnapshot) -> list[RowGroup]:
     import pyarrow.parquet as pq
 
     fs = raw.filesystem
+    if fs is None:  # a snapshot without files
+        return []
     groups = []
     for uri, path in zip(raw.uris, raw.paths):
         with fs.open_input_file(path) as handle:
@@ -153,7 +155,7 @@ def plan_row_groups(raw: TableSnapshot) -> list[RowGroup]:
                 raise ValueError(f"raw_images file {path} lacks columns {missing}; re-materialize raw_images")
             for index in range(parquet.num_row_groups):
                 status = parquet.read_row_group(index, columns=["status"]).column("status")
-                valid = pc.sum(pc.equal(status, images.VALID)).as_py() or 0
+                valid = pc.sum(pc.equal(status, images.VALID)).as_py() or 0  # pyright: ignore[reportAttributeAccessIssue]
                 if valid:
                     groups.append(RowGroup(uri, index, valid, parquet.metadata.row_group(index).total_byte_size))
     return groups
@@ -219,7 +221,7 @@ def features_of_row_groups(groups: list[RowGroup], config: FeatureConfig) -> Ite
     for group in groups:
         with worker_filesystem(group.uri).open_input_file(path_of(group.uri)) as handle:
             rows = pq.ParquetFile(handle).read_row_group(group.index, columns=RAW_COLUMNS + ["status"])
-        valid = rows.filter(pc.equal(rows.column("status"), images.VALID)).select(RAW_COLUMNS)
+        valid = rows.filter(pc.equal(rows.column("status"), images.VALID)).select(RAW_COLUMNS)  # pyright: ignore[reportAttributeAccessIssue]
         del rows
         for batch in valid.to_batches(max_chunksize=config.batch_rows):
             features = compute_features(batch.to_pandas(), config, device_label=device, tf=tf)

@@ -126,7 +126,7 @@ def load_embedding_model(source: str, input_shape: tuple[int, int, int]) -> Any:
             "or a local .keras or .pth file present on every executor"
         )
     if source.endswith(".keras"):
-        model = keras.models.load_model(source, compile=False)
+        model: Any = keras.models.load_model(source, compile=False)  # keras' loader is unannotated; a Model here
         if tuple(model.input_shape[1:]) != tuple(input_shape):
             raise ModelConfigError(
                 f"embedding model {source!r} takes input {tuple(model.input_shape[1:])}, but the "

@@ -220,7 +220,7 @@ def _describe(
     metrics = result.test.metrics
     made_by = (
         f"[Dagster run {lineage.run_id[:8]}]({dagster_run_url})"
-        if dagster_run_url
+        if dagster_run_url and lineage.run_id
         else f"Dagster run `{lineage.run_id}`"
         if lineage.run_id
         else "an ad-hoc call"

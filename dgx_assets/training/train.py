@@ -83,6 +83,7 @@ def train_classifier(
     """Train (or resume training) and evaluate on the test split."""
     config.check()
     config = config.resolved()
+    assert config.epochs is not None and config.class_weighting is not None  # resolved() fills the recipe fields
     index = index or scan_features(files)
     started = time.monotonic()
 
@@ -195,6 +196,7 @@ def compiled_classifier(config: TrainConfig, index: FeatureIndex, strategy: Any,
     """The classifier built and compiled under ``strategy`` in precision ``policy`` (a resolved config)."""
     import keras
 
+    assert config.learning_rate is not None  # a resolved config
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(policy)
     try:
@@ -220,6 +222,8 @@ def steps_per_epoch(index: FeatureIndex, global_batch: int) -> int:
 
 def _early_stopping(config: TrainConfig) -> Any:
     import keras
+
+    assert config.patience is not None and config.warmup_epochs is not None and config.epochs is not None  # resolved
 
     return keras.callbacks.EarlyStopping(
         monitor="val_loss",
@@ -307,7 +311,9 @@ def classification_report(
 
     classes = list(range(len(class_names)))
     y_pred = decision_rules.decide(probabilities, *((decision.threshold, decision.positive_index) if decision else (None, None)))
-    precision, recall, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=classes, zero_division=0)
+    # sklearn is unannotated: pyright would infer a str zero_division and float scores from its code
+    per_class_scores: Any = precision_recall_fscore_support
+    precision, recall, f1, support = per_class_scores(y_true, y_pred, labels=classes, zero_division=0)
     # "Better than guessing": always predict the most common training label.
     majority = int(np.argmax(train_label_counts))
     correct = int(np.sum(y_pred == y_true))
@@ -356,6 +362,7 @@ def _learning_rate_schedule(config: TrainConfig) -> Any:
     run resumed from a checkpoint continues the same curve."""
     import keras
 
+    assert config.learning_rate is not None and config.epochs is not None and config.patience is not None  # resolved
     if config.schedule == "cosine":
         peak, epochs = config.learning_rate, config.epochs
         return keras.callbacks.LearningRateScheduler(lambda epoch, _lr: peak * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs)))

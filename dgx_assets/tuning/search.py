@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import sys
@@ -135,7 +136,7 @@ def ray_on_spark(spark: Any, worker_nodes: int, log: Any = None) -> Iterator[str
             collect_log_to_path=None,
         )
         say(f"Ray cluster on Spark at {address} with {worker_nodes} worker nodes")
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         yield address
     finally:
         with contextlib.suppress(Exception):  # tear-down must reach shutdown_ray_cluster whatever failed

@@ -38,18 +38,18 @@ class TrackedSearch:
 
 def head_data(files: FeatureFiles) -> HeadData:
     index = scan_features(files)
-    splits = {split: read_embeddings(files, index, split) for split in ("train", "validation")}
-    if any(value is None for value in splits.values()):
+    train, validation = (read_embeddings(files, index, split) for split in ("train", "validation"))
+    if train is None or validation is None:
         raise FeatureDataError(
             "image_features has no embeddings (built with embedding: none): re-materialize "
             "image_features with embedding efficientnet_lite0 for the search"
         )
     weights = index.class_weights()
     return HeadData(
-        splits["train"][0],
-        splits["train"][1],
-        splits["validation"][0],
-        splits["validation"][1],
+        train[0],
+        train[1],
+        validation[0],
+        validation[1],
         np.array([weights[i] for i in range(len(index.class_names))]),
     )
 
