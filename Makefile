@@ -29,18 +29,22 @@ demo: $(VENV)/.installed
 	mkdir -p .dgx
 	$(VENV)/bin/dgx-assets demo
 
-# Both tiers: tests/unit, then tests/integration (real Spark, Dagster, MLflow, servers, subprocesses).
+# Both tiers: tests/unit, then tests/integration (real Spark, Dagster, MLflow, servers, subprocesses), and a
+# coverage summary of dgx_assets at the end ([tool.coverage] in pyproject.toml says what it counts).
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration $(PYTEST_ARGS)
+	mkdir -p .dgx/coverage
+	$(PY) -m pytest -q -p no:cacheprovider --cov --cov-report=term tests/unit tests/integration $(PYTEST_ARGS)
 
 # The fast tier: no JVM, no servers, no subprocesses.
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
-# ruff with the settings in pyproject.toml ([tool.ruff]); .pre-commit-config.yaml runs the same before a commit.
+# ruff and pyright with the settings in pyproject.toml ([tool.ruff], [tool.pyright]: dgx_assets in basic mode);
+# .pre-commit-config.yaml runs ruff before a commit.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pyright
 
 # A real browser on the real UIs: Debian's chromium and its CJK fonts (installed here if missing; the report's
 # Chinese prompts must draw as glyphs) driven by Playwright walks the asset graph, a held-back champion_model, the
