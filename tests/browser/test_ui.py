@@ -291,9 +291,17 @@ def _data_docs(page, url: str, docs_url: str) -> None:
 
 
 def _skip_first_visit_dialog(page) -> None:
-    skip = page.get_by_role("button", name="Skip")  # the newsletter dialog of a first visit
-    if skip.count():
-        skip.first.click()
+    """Dagster asks a first visitor for an email once its GraphQL has answered, which can be after the page went
+    network-idle; left open, its backdrop takes every later click."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    skip = page.get_by_role("button", name="Skip")
+    try:
+        skip.first.wait_for(timeout=20_000)
+    except PlaywrightTimeout:
+        return  # this DAGSTER_HOME has seen the dialog before
+    skip.first.click()
+    skip.first.wait_for(state="detached", timeout=10_000)
 
 
 def _asset_names() -> list[str]:
