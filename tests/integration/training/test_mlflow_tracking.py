@@ -190,6 +190,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     "uri",
     [f"http://127.0.0.1:{_free_port()}", "sqlite:////proc/no-such-dir/mlflow.db", "ftp://example/mlflow"],
+    ids=["nothing-listening", "unwritable-sqlite", "unknown-scheme"],  # stable ids: the port differs per process
 )
 def test_unusable_tracking_uri_fails_before_training_and_names_the_setting(feature_files, tmp_path, uri):
     tracking = TrackingConfig(tracking_uri=uri, experiment_name="x", registered_model_name=MODEL_NAME)
