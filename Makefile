@@ -29,11 +29,12 @@ demo: $(VENV)/.installed
 	mkdir -p .dgx
 	$(VENV)/bin/dgx-assets demo
 
-# Both tiers: tests/unit, then tests/integration (real Spark, Dagster, MLflow, servers, subprocesses), and a
-# coverage summary of dgx_assets at the end ([tool.coverage] in pyproject.toml says what it counts).
+# Both tiers, tests/unit and tests/integration (real Spark, Dagster, MLflow, servers, subprocesses), in two
+# pytest-xdist workers: the tests wait on JVMs, servers and subprocesses, so two share 2 cores well (15 min
+# against 23 on this 2-core machine, README). Ends with a coverage summary of dgx_assets ([tool.coverage]).
 test: $(VENV)/.installed
 	mkdir -p .dgx/coverage
-	$(PY) -m pytest -q -p no:cacheprovider --cov --cov-report=term tests/unit tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --cov --cov-report=term tests/unit tests/integration $(PYTEST_ARGS)
 
 # The fast tier: no JVM, no servers, no subprocesses.
 test-unit: $(VENV)/.installed

@@ -34,7 +34,7 @@ def hostile_batch(landing: Path, outside: Path, batch: str = "hostile"):
         handle.write(GOOD)
     server = socket.socket(socket.AF_UNIX)
     try:
-        server.bind(str(folder / "sock.png"))
+        _bind_inside(server, folder, "sock.png")
         yield {
             "good.png": "valid",
             "out.png": "symlink",
@@ -48,3 +48,12 @@ def hostile_batch(landing: Path, outside: Path, batch: str = "hostile"):
         }
     finally:
         server.close()
+
+
+def _bind_inside(server: socket.socket, folder: Path, name: str) -> None:
+    """Bind through the folder's descriptor: a socket's path holds at most 107 bytes, a deep tmp_path more."""
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        server.bind(f"/proc/self/fd/{folder_fd}/{name}")
+    finally:
+        os.close(folder_fd)
