@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from dgx_assets.challenger.config import ChallengerConfig, ChallengerConfigError
+from dgx_assets.config_parts import part_of
 from dgx_assets.metadata import number
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
@@ -17,7 +18,7 @@ class ChallengerModelConfig(dg.Config, ChallengerConfig):
     registered_model_name: str = Field("dgx_defect_challenger", description="MLflow registered model of the challenger")
 
     def challenger_config(self) -> ChallengerConfig:
-        return ChallengerConfig(**self.model_dump(include=set(ChallengerConfig.model_fields)))
+        return part_of(self, ChallengerConfig)
 
 
 # Trains gradient-boosted trees on every image_features batch's embeddings across the Spark executors; registers the challenger.

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dgx_assets.config_parts import part_of
 from dgx_assets.edge import convert, parity, triton
 from dgx_assets.edge.config import EdgeModelConfig
 from dgx_assets.edge.fetch import record_edge_model_digest
@@ -268,8 +269,8 @@ def build_edge_model(
             keras_size_bytes=trained.size_bytes,
             class_names=trained.class_names,
             inputs=data,
-            conversion=convert.ConversionSettings(**settings.model_dump(include=set(convert.ConversionSettings.model_fields))),
-            gate=parity.GateSettings(**settings.model_dump(include=set(parity.GateSettings.model_fields))),
+            conversion=part_of(settings, convert.ConversionSettings),
+            gate=part_of(settings, parity.GateSettings),
             decision=decision,
             latency_images=settings.latency_images,
             num_threads=settings.num_threads,

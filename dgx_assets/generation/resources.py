@@ -19,6 +19,7 @@ import dagster as dg
 from pydantic import Field
 
 from dgx_assets import settings
+from dgx_assets.config_parts import part_of
 from dgx_assets.generation import launcher
 from dgx_assets.generation.client import ClientBehaviour, ClientSettings, parse_endpoints
 from dgx_assets.progress import log_progress
@@ -76,7 +77,7 @@ class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
         return ClientSettings(
             endpoints=urls,
             token=self.resolved_token,
-            **self.model_dump(include=set(ClientBehaviour.model_fields)),
+            **part_of(self, ClientBehaviour).model_dump(),
         )
 
     def task_count(self, urls: tuple[str, ...]) -> int:

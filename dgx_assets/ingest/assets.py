@@ -1,6 +1,7 @@
 import dagster as dg
 
 from dgx_assets import metadata
+from dgx_assets.config_parts import part_of
 from dgx_assets.ingest import images
 from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource
@@ -35,7 +36,7 @@ class RawImagesConfig(dg.Config, images.IngestSettings):
 
     def ingest_settings(self) -> images.IngestSettings:
         """The plain settings the Spark job ships to its workers (no Dagster class in their pickles)."""
-        return images.IngestSettings(**self.model_dump(include=set(images.IngestSettings.model_fields)))
+        return part_of(self, images.IngestSettings)
 
 
 # Ingests one landing batch folder with Spark: every file gets a row, valid images keep their bytes.

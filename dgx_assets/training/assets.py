@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from dgx_assets import metadata
+from dgx_assets.config_parts import part_of
 from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.partitions import BatchResult, batch_backfill_policy, image_batches, materialize_batches
 from dgx_assets.resources import LakeResource, MlflowResource
@@ -47,7 +48,7 @@ class ImageFeaturesConfig(dg.Config, FeatureConfig):
     max_failed_share: float = Field(0.02, description="Fail the run when more of the valid images than this cannot be featurised")
 
     def feature_config(self) -> FeatureConfig:
-        return FeatureConfig(**self.model_dump(include=set(FeatureConfig.model_fields)))
+        return part_of(self, FeatureConfig)
 
 
 # Turns one raw_images batch into model-ready tensors and image statistics on Spark executors (GPU when assigned).
@@ -170,7 +171,7 @@ class TrainedModelConfig(dg.Config, TrainConfig, ModelGateSettings):
     )
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(**self.model_dump(include=set(TrainConfig.model_fields)))
+        return part_of(self, TrainConfig)
 
 
 # Trains the defect classifier on every image_features batch, tracked in MLflow; registers the version as `candidate`.

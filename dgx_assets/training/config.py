@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dgx_assets.config_parts import part_of
+
 NO_EMBEDDING = "none"
 EFFICIENTNET_LITE0 = "efficientnet_lite0"
 SCRATCH = "scratch"
@@ -208,7 +210,7 @@ class TrainConfig(ModelConfig):
 
     @property
     def model(self) -> ModelConfig:
-        return ModelConfig(**self.model_dump(include=set(ModelConfig.model_fields)))
+        return part_of(self, ModelConfig)
 
     def resolved(self) -> TrainConfig:
         """This config with every recipe field filled in from the backbone's recipe."""

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from dgx_assets.config_parts import part_of
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
 from dgx_assets.tuning.config import SearchConfig, SearchConfigError
@@ -14,7 +15,7 @@ class HyperparameterSearchConfig(dg.Config, SearchConfig):
     """The launchpad's fields are SearchConfig's (tuning/config.py); the asset adds none of its own."""
 
     def search_config(self) -> SearchConfig:
-        return SearchConfig(**self.model_dump(include=set(SearchConfig.model_fields)))
+        return part_of(self, SearchConfig)
 
 
 # Searches trained_model's head recipe with Ray Tune on a Ray cluster living on the run's Spark executors; writes the best.

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from dgx_assets.config_parts import part_of
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
     dataset_digest,
@@ -74,10 +75,7 @@ def search_and_track(
     tags = setup.tags | {"dgx.data_digest": digest, "dgx.search": "ray-tune-asha"}
     with mlflow.start_run(experiment_id=experiment_id, run_name=setup.run_name, tags=tags) as parent:
         mlflow.log_params(
-            {
-                f"search_{k}": ("" if v is None else v)
-                for k, v in config.model_dump(include=set(SearchConfig.model_fields)).items()
-            }
+            {f"search_{k}": ("" if v is None else v) for k, v in part_of(config, SearchConfig).model_dump().items()}
         )
         profile = {"num_rows": int(len(data.train_y) + len(data.val_y)), "files": len(entries), "sha256": digest}
         mlflow.log_input(
