@@ -146,12 +146,8 @@ def _gate_rows(data: ReportData) -> dict:
         failed.append(not gate["passed"])
     for check in data.checks:
         for name, value, bound, limit in check.figures:
-            criterion = Criterion(name, value, bound, limit)
-            words = "at most" if bound == "max" else "at least"
-            rows.append(
-                [check.asset, check.check, check.partition or "", name, _figure(name, value), f"{words} {_figure(name, limit)}"]
-            )
-            failed.append(not criterion.passed)
+            rows.append([check.asset, check.check, check.partition or "", name, _figure(name, value), _limit(name, bound, limit)])
+            failed.append(not Criterion(name, value, bound, limit).passed)
     for row, bad in zip(rows, failed):
         row.append("FAILED" if bad else "passed")
     return {"headers": ["asset", "gate", "batch", "figure", "value", "threshold", "result"], "rows": rows, "failed": failed}
