@@ -91,7 +91,6 @@ def _gather(instance: dg.DagsterInstance, store, tracking_uri: str):
         generated=collect.generated_images(store),
         promotion=collect.promotion(instance),
     )
-    data.model_gate = collect.model_gate(instance, data.model)
     data.statistics, data.ks = collect.image_statistics(store)
     data.drift = [row for row in data.ks if row["flagged"]]
     data.label_balance = collect.label_balance(data.batches)

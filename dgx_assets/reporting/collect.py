@@ -43,7 +43,6 @@ class ReportData:
     generated: dict | None = None  # status counts and sample images per label
     comparison: dict | None = None  # trained_model beside challenger_model (dgx_assets/challenger/report.py)
     promotion: dict | None = None  # champion_model's latest decision (its metadata) and the run that made it
-    model_gate: dict | None = None  # trained_model's gate: the accuracy to reach and whether it passed
     missing: list[str] = field(default_factory=list)
 
 
@@ -238,28 +237,6 @@ def latest_metadata(instance, asset_key) -> dict | None:
         return None
     metadata = event.asset_materialization.metadata
     return {key: getattr(value, "value", value) for key, value in metadata.items()}
-
-
-def model_gate(instance, model: dict | None) -> dict | None:
-    """trained_model's gate as its latest evaluation judged it: the accuracy to reach (majority baseline + the margin
-    that evaluation used) and whether it passed."""
-    from dgx_assets.training.checks import MODEL_GATE_CHECK, ModelGateSettings
-
-    record = instance.get_latest_asset_check_evaluation_record(MODEL_GATE_CHECK.key)
-    evaluation = record.event.asset_check_evaluation if record and record.event else None
-    metrics = (model or {}).get("test_metrics") or {}
-    if evaluation is None or metrics.get("majority_baseline_accuracy") is None:
-        return None
-    recorded = {key: getattr(value, "value", value) for key, value in (evaluation.metadata or {}).items()}
-    margin = recorded.get("min_margin_over_baseline", ModelGateSettings().min_margin_over_baseline)
-    baseline = metrics["majority_baseline_accuracy"]
-    return {
-        "accuracy": metrics.get("accuracy"),
-        "baseline": baseline,
-        "margin": margin,
-        "threshold": baseline + margin,
-        "passed": bool(evaluation.passed),
-    }
 
 
 def promotion(instance) -> dict | None:

@@ -5,7 +5,7 @@ import dataclasses
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from dgx_assets.metadata import number
+from dgx_assets.metadata import gated, number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,13 @@ def model_gate_result(info: dict, tracking_uri: str, settings: ModelGateSettings
         description="; ".join(verdict.reasons) + fix,
         metadata={
             "model_version": f"{info['registered_model_name']} v{info['model_version']}",
-            "test_accuracy": number(metrics["accuracy"]),
+            # test_accuracy beside min_test_accuracy: the report and champion_model show it as any gated figure
+            **gated(
+                "test_accuracy",
+                metrics["accuracy"],
+                metrics["majority_baseline_accuracy"] + settings.min_margin_over_baseline,
+                "min",
+            ),
             "majority_baseline_accuracy": number(metrics["majority_baseline_accuracy"]),
             "min_margin_over_baseline": settings.min_margin_over_baseline,
             "champion_tolerance": settings.champion_tolerance,

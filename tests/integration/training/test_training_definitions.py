@@ -13,6 +13,7 @@ import pytest
 from support import training_data
 
 from dgx_assets.lake import Lake
+from dgx_assets.metadata import thresholds
 from dgx_assets.partitions import image_batches
 from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.spark.resource import SparkResource
@@ -152,6 +153,11 @@ def test_gate_fails_a_model_that_does_not_beat_guessing_by_the_margin(platform, 
     evaluation = _run_gate(platform, min_margin_over_baseline=1.0)
     assert not evaluation.passed and "majority baseline" in evaluation.description
     assert "To fix:" in evaluation.description and evaluation.metadata["min_margin_over_baseline"].value == 1.0
+    # The figure and the accuracy it had to reach, as the report and champion_model read any gated figure.
+    found = thresholds(evaluation.metadata)
+    baseline = evaluation.metadata["majority_baseline_accuracy"].value
+    assert [(name, bound) for name, _, bound, _ in found] == [("test_accuracy", "min")]
+    assert found[0][3] == pytest.approx(baseline + 1.0, abs=1e-3) and found[0][1] < found[0][3]
 
 
 def test_gate_compares_with_the_champion(platform, trained):
