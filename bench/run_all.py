@@ -34,6 +34,7 @@ BENCHMARKS = (
     "ingest",
     "features",
     "png_saver",
+    "generator_diversity",
     "end_to_end",
     "scale_out",
     "model_cv",

@@ -38,6 +38,7 @@ def register(subparsers) -> None:
     build.add_argument("--max-seconds", type=float, default=None, help="training time budget")
     build.add_argument("--limit", type=int, default=None, help="use at most N training images")
     build.add_argument("--max-tokens", type=int, default=None, help="prompt token limit (default 256)")
+    build.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
     build.set_defaults(handler=run_build_generator)
 
 
@@ -78,7 +79,13 @@ def run_build_generator(args: argparse.Namespace) -> int:
     from dgx_assets.serving.generator import TrainSettings, train_and_export
 
     settings = TrainSettings.quick() if args.quick else TrainSettings()
-    overrides = {"epochs": args.epochs, "max_seconds": args.max_seconds, "limit": args.limit, "max_tokens": args.max_tokens}
+    overrides = {
+        "epochs": args.epochs,
+        "max_seconds": args.max_seconds,
+        "limit": args.limit,
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+    }
     settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     try:
         train_and_export(args.out, settings, images_dir=args.images)
@@ -90,7 +97,7 @@ def run_build_generator(args: argparse.Namespace) -> int:
 
 def _build_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--out", args.out] + (["--quick"] if args.quick else [])
-    for name in ("images", "epochs", "max_seconds", "limit", "max_tokens"):
+    for name in ("images", "epochs", "max_seconds", "limit", "max_tokens", "seed"):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
