@@ -68,6 +68,10 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(config, port_file=args.port_file)
 
 
+# build-generator's flags that override a TrainSettings field of the same name.
+_TRAIN_SETTING_FLAGS = ("epochs", "max_seconds", "limit", "max_tokens", "seed")
+
+
 def run_build_generator(args: argparse.Namespace) -> int:
     if "tensorflow" in sys.modules:
         # Paddle in a process that already holds TensorFlow crashes (protobuf clash): train in a fresh one.
@@ -79,14 +83,8 @@ def run_build_generator(args: argparse.Namespace) -> int:
     from dgx_assets.serving.generator import TrainSettings, train_and_export
 
     settings = TrainSettings.quick() if args.quick else TrainSettings()
-    overrides = {
-        "epochs": args.epochs,
-        "max_seconds": args.max_seconds,
-        "limit": args.limit,
-        "max_tokens": args.max_tokens,
-        "seed": args.seed,
-    }
-    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    given = {name: getattr(args, name) for name in _TRAIN_SETTING_FLAGS if getattr(args, name) is not None}
+    settings = replace(settings, **given)
     try:
         train_and_export(args.out, settings, images_dir=args.images)
     except (RuntimeError, ValueError) as error:
@@ -97,7 +95,7 @@ def run_build_generator(args: argparse.Namespace) -> int:
 
 def _build_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--out", args.out] + (["--quick"] if args.quick else [])
-    for name in ("images", "epochs", "max_seconds", "limit", "max_tokens", "seed"):
+    for name in ("images", *_TRAIN_SETTING_FLAGS):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
