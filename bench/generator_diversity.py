@@ -21,12 +21,11 @@ def run(report: Report, args) -> None:
     from dgx_assets.generation import launcher
     from dgx_assets.generation.diversity import MIN_MEAN_DISTANCE, embed, pairwise_diversity
     from dgx_assets.generation.prompts import demo_rows
+    from dgx_assets.serving.engine import GeneratorEngine  # paddle before embed's TensorFlow: the other order crashes
 
     rows, means, closest = demo_rows(), [], []
     for seed in range(args.repeats):
         out = launcher.build_generator(work_dir(NAME) / f"generator-{seed}", quick=args.quick, extra_args=["--seed", str(seed)])
-        from dgx_assets.serving.engine import GeneratorEngine  # paddle before TensorFlow: the other order crashes
-
         engine = GeneratorEngine(out, device="cpu")
         images = [engine.generate(engine.tokenize(row["prompt"]), row["seed"], 512, 512)[0] for row in rows]
         diversity = pairwise_diversity([row["id"] for row in rows], embed(images))
