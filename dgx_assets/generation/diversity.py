@@ -3,7 +3,8 @@
 Each valid image is embedded by the backbone image_features uses (ImageNet EfficientNet-Lite0, through the same
 decode and resize, `training.features.compute_features`), and the batch's diversity is the mean pairwise cosine
 distance of those embeddings. Measured here: random ELPV cells 0.35-0.40, the mono defect-free cells alone 0.21,
-one cell under sensor noise 0.009, and the quick stand-in generator's 12 demo images, which look alike, 0.069.
+one cell under sensor noise 0.009, and the 12 demo images of an earlier quick stand-in generator, which drew each
+class's mean image whatever the seed, 0.069.
 A batch below the threshold is flagged as near-duplicates: a generator ignoring its prompts (mode collapse).
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MIN_MEAN_DISTANCE = 0.1  # between the stand-in's near-duplicates (0.069) and the most uniform real cells (0.21)
+MIN_MEAN_DISTANCE = 0.1  # between class-mean near-duplicates (0.069) and the most uniform real cells (0.21)
 MAX_IMAGES = 256  # embedded per check: 32,640 pairs, seconds on a CPU, however many images the table holds
 
 

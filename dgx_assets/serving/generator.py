@@ -2,9 +2,10 @@
 
 A conditional variational autoencoder: a bag-of-words text encoder turns the prompt into a condition
 vector, the decoder turns (noise drawn from the seed, condition) into a grey image. Trained on the demo
-images with captions written from their labels, it produces images that look like the training domain and
-change with the prompt's words. Only the decoder path (tokens, noise -> image) is exported with
-`paddle.jit.save`, which in Paddle 3.x writes `<prefix>.json` + `<prefix>.pdiparams` for Paddle Inference.
+images with captions written from their labels, it produces images that look like the training domain,
+change with the prompt's words and differ from seed to seed. Only the decoder path (tokens, noise -> image)
+is exported with `paddle.jit.save`, which in Paddle 3.x writes `<prefix>.json` + `<prefix>.pdiparams` for
+Paddle Inference.
 
 This module imports paddle at the top: only the `build-generator` command imports it, never the code location.
 """
@@ -40,13 +41,21 @@ class TrainSettings:
     max_seconds: float = 180.0  # a hard cap so a slow machine still finishes in minutes
     batch_size: int = 64
     learning_rate: float = 3e-3
+    # Weights of the two terms on images decoded from prior noise (see `_loss`), per image as the
+    # reconstruction's. Chosen on the 12 demo prompts: BENCHMARKS.md, "Stand-in generator diversity".
+    prior_weight: float = 0.3
+    condition_weight: float = 100.0
     limit: int | None = None
     seed: int = 0
 
     @classmethod
     def quick(cls) -> TrainSettings:
-        """Seconds on a CPU, for tests and smoke runs; already answers to defective/functional, mono/poly."""
-        return cls(image_size=32, z_dim=16, text_dim=32, hidden=256, epochs=12, max_seconds=45.0, limit=512)
+        """Seconds on a CPU, for tests and smoke runs; already answers to defective/functional, mono/poly.
+        Its 96 steps are too few to learn cells under the classifier's full weight: the images' likeness to
+        their class fell below the real cells' 5th percentile at 100, not at 30."""
+        return cls(
+            image_size=32, z_dim=16, text_dim=32, hidden=256, epochs=12, max_seconds=45.0, limit=512, condition_weight=30.0
+        )
 
 
 class TextEncoder(nn.Layer):
@@ -107,6 +116,29 @@ class Encoder(nn.Layer):
         return paddle.chunk(stats, 2, axis=1)  # mean, log-variance
 
 
+class ConditionClassifier(nn.Layer):
+    """Which condition keys ("defective", "mono", ...) an image shows: a linear model over its pixels,
+    fitted to the real images as training goes (training only)."""
+
+    def __init__(self, size: int, keys: list[str]):
+        super().__init__()
+        self.keys = keys
+        self.linear = nn.Linear(size * size, len(keys))
+
+    def targets(self, conditions: list[list[str]]) -> np.ndarray:
+        return np.array([[key in keys for key in self.keys] for keys in conditions], dtype=np.float32)
+
+    def forward(self, images):
+        return self.linear(images.flatten(start_axis=1))
+
+    def judge(self, images, targets):
+        """Binary cross-entropy per image with this step's weights held fixed: the decoder learns from the
+        verdict, the classifier does not learn to accept the decoder's images."""
+        weight, bias = self.linear.weight.detach(), self.linear.bias.detach()
+        logits = F.linear(images.flatten(start_axis=1), weight, bias)
+        return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / images.shape[0]
+
+
 class Generator(nn.Layer):
     """The exported graph: (token ids [B, T<=max_tokens] int64, noise [B, z_dim] float32) -> images [B, 1, S, S]."""
 
@@ -136,11 +168,9 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
     tokenizer = Tokenizer.from_texts(training_data.all_caption_words(data.conditions), settings.max_tokens)
     log(f"training on {len(data.images)} images from {data.source}, vocabulary {len(tokenizer.vocabulary)}")
 
-    text = TextEncoder(len(tokenizer.vocabulary), settings.text_dim)
-    decoder = Decoder(settings.z_dim, settings.text_dim, settings.image_size, settings.hidden)
-    encoder = Encoder(settings.z_dim, settings.text_dim, settings.image_size, settings.hidden)
-    parameters = text.parameters() + decoder.parameters() + encoder.parameters()
-    optimizer = paddle.optimizer.Adam(learning_rate=settings.learning_rate, parameters=parameters)
+    keys = sorted({key for keys in data.conditions for key in keys})
+    model = _Training(settings, len(tokenizer.vocabulary), keys)
+    targets = None if model.classifier is None else model.classifier.targets(data.conditions)
 
     # The budget counts training only: loading the images on a busy machine must not cost the model epochs.
     training_started = time.monotonic()
@@ -150,27 +180,16 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
         for start in range(0, count, settings.batch_size):
             batch = order[start : start + settings.batch_size]
             tokens = paddle.to_tensor(_pad_batch([_caption_ids(tokenizer, data.conditions[i], rng) for i in batch]))
-            images = paddle.to_tensor(data.images[batch])
-            condition = text(tokens)
-            mean, log_var = encoder(images, condition)
-            z = mean + paddle.exp(0.5 * log_var) * paddle.randn(mean.shape)
-            reconstruction = _bce(decoder(z, condition), images)
-            kl = -0.5 * paddle.sum(1 + log_var - mean.square() - log_var.exp()) / len(batch)
-            # Noise drawn from the prior must also give the right kind of image: without this term the
-            # encoder smuggles "mono"/"poly" through the noise and the decoder learns to ignore the words.
-            from_prior = _bce(decoder(paddle.randn(mean.shape), condition), images)
-            loss = (reconstruction + kl + from_prior) / float(images[0].numel())
-            loss.backward()
-            optimizer.step()
-            optimizer.clear_grad()
-            steps, last_loss = steps + 1, float(loss)
+            batch_targets = None if targets is None else paddle.to_tensor(targets[batch])
+            last_loss = model.step(tokens, paddle.to_tensor(data.images[batch]), batch_targets)
+            steps += 1
         elapsed = time.monotonic() - training_started
         log(f"epoch {epoch + 1}/{settings.epochs} loss {last_loss:.4f} ({elapsed:.0f}s)")
         if elapsed + elapsed / (epoch + 1) > settings.max_seconds:  # another epoch would overrun the budget
             log(f"stopping at the {settings.max_seconds:.0f}s training budget")
             break
 
-    generator = Generator(text, decoder)
+    generator = Generator(model.text, model.decoder)
     generator.eval()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +213,51 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
     (out / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
     log(f"exported {out / MODEL_PREFIX}.json/.pdiparams in {meta['train_seconds']}s")
     return meta
+
+
+class _Training:
+    """The layers being trained, their optimizers, and one step of the loss."""
+
+    def __init__(self, settings: TrainSettings, vocabulary_size: int, keys: list[str]):
+        self.settings = settings
+        self.text = TextEncoder(vocabulary_size, settings.text_dim)
+        self.decoder = Decoder(settings.z_dim, settings.text_dim, settings.image_size, settings.hidden)
+        self.encoder = Encoder(settings.z_dim, settings.text_dim, settings.image_size, settings.hidden)
+        parameters = self.text.parameters() + self.decoder.parameters() + self.encoder.parameters()
+        self.optimizer = paddle.optimizer.Adam(learning_rate=settings.learning_rate, parameters=parameters)
+        # Images under a folder with no condition names have no keys to classify.
+        self.classifier = ConditionClassifier(settings.image_size, keys) if keys and settings.condition_weight else None
+        if self.classifier is not None:
+            self.classifier_optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=self.classifier.parameters())
+
+    def step(self, tokens, images, targets) -> float:
+        if self.classifier is not None:  # first it learns this batch's real images, then it judges the samples below
+            fit = F.binary_cross_entropy_with_logits(self.classifier(images), targets)
+            fit.backward()
+            self.classifier_optimizer.step()
+            self.classifier_optimizer.clear_grad()
+        loss = self._loss(tokens, images, targets)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        return float(loss)
+
+    def _loss(self, tokens, images, targets):
+        """The VAE's reconstruction and KL terms, and two terms on an image decoded from prior noise, which is
+        what serving draws. A pixel loss against the batch's image keeps it looking like a cell; at full weight
+        it pulled every sample to its class mean whatever the noise. The classifier's verdict makes it show the
+        prompt's conditions in its own way. Alternatives measured: BENCHMARKS.md, "Stand-in generator diversity"."""
+        settings = self.settings
+        condition = self.text(tokens)
+        mean, log_var = self.encoder(images, condition)
+        z = mean + paddle.exp(0.5 * log_var) * paddle.randn(mean.shape)
+        reconstruction = _bce(self.decoder(z, condition), images)
+        kl = -0.5 * paddle.sum(1 + log_var - mean.square() - log_var.exp()) / images.shape[0]
+        sampled = self.decoder(paddle.randn(mean.shape), condition)
+        loss = reconstruction + kl + settings.prior_weight * _bce(sampled, images)
+        if self.classifier is not None:
+            loss = loss + settings.condition_weight * self.classifier.judge(sampled, targets)
+        return loss / float(images[0].numel())
 
 
 def _caption_ids(tokenizer: Tokenizer, conditions: list[str], rng: random.Random) -> list[int]:

@@ -23,15 +23,14 @@ def test_export_is_paddle_inference_json_and_pdiparams(quick_model):
     assert meta["steps"] == 12 * 8 and meta["train_seconds"] < 90  # all 12 epochs of 8 batches, in seconds
 
 
+def _png(server, prompt: str, seed: int, size: str) -> bytes:
+    reply = requests.post(server.url + "/v1/images/generations", json={"prompt": prompt, "size": size, "seed": seed}, timeout=60)
+    return base64.b64decode(reply.json()["data"][0]["b64_json"])
+
+
 def _generate(server, prompt: str, seeds, size: int) -> np.ndarray:
-    images = []
-    for seed in seeds:
-        reply = requests.post(
-            server.url + "/v1/images/generations", json={"prompt": prompt, "size": f"{size}x{size}", "seed": seed}, timeout=60
-        )
-        data = base64.b64decode(reply.json()["data"][0]["b64_json"])
-        images.append(np.asarray(Image.open(io.BytesIO(data)), dtype=np.float32) / 255.0)
-    return np.stack(images)
+    pngs = [_png(server, prompt, seed, f"{size}x{size}") for seed in seeds]
+    return np.stack([np.asarray(Image.open(io.BytesIO(png)), dtype=np.float32) / 255.0 for png in pngs])
 
 
 @pytest.mark.parametrize(
@@ -59,9 +58,31 @@ def test_generated_images_follow_the_prompt_words(server, quick_model, word_a, w
     generated_a, generated_b = _generate(server, prompt_a, seeds, size), _generate(server, prompt_b, seeds, size)
     gap = (position(generated_a) - position(generated_b)) / (position(mean_a) - position(mean_b))
     assert gap > 0.2, f"{prompt_a!r} vs {prompt_b!r}: generated images barely differ along the class direction"
-    # ... and they look like the domain: each image's pattern (busbars, cell edges) correlates with the real one.
-    for image in generated_a:
-        assert np.corrcoef(image.ravel(), mean_a.ravel())[0, 1] > 0.5
+
+    # ... and they look like the domain, as typical of class A as real cells are: each image's pattern (busbars,
+    # cell edges) correlates with A's mean at least as the real cells' 1st percentile, and their median as the 5th.
+    # Real defective cells vary: a quarter of them correlate below 0.5, so a fixed bar would ask for the mean image.
+    def likeness(images):
+        return np.array([np.corrcoef(image.ravel(), mean_a.ravel())[0, 1] for image in images])
+
+    real_a = likeness(real.images[[word_a in c for c in real.conditions], 0])
+    generated = likeness(generated_a)
+    assert generated.min() >= np.percentile(real_a, 1), (generated, np.percentile(real_a, [1, 5]))
+    assert np.median(generated) >= np.percentile(real_a, 5), (generated, np.percentile(real_a, [1, 5]))
+
+
+def test_the_demo_prompts_draw_images_the_diversity_check_passes(server):
+    """The 12 demo prompts drawn by the quick model are not flagged as near-duplicates (a generator that drew
+    each class's mean image, whatever the seed, scored 0.069 here). Paddle stays in the server's process:
+    it crashes in one that has loaded TensorFlow, which the embedding needs."""
+    pytest.importorskip("elpv_dataset")
+    from dgx_assets.generation.diversity import MIN_MEAN_DISTANCE, embed, pairwise_diversity
+    from dgx_assets.generation.prompts import demo_rows
+
+    rows = demo_rows()
+    images = [_png(server, row["prompt"], row["seed"], f"{row['width']}x{row['height']}") for row in rows]
+    diversity = pairwise_diversity([row["id"] for row in rows], embed(images))
+    assert not diversity.near_duplicates(), (diversity.mean_distance, MIN_MEAN_DISTANCE, diversity.closest)
 
 
 _ELPV = {}
