@@ -64,14 +64,13 @@ def cli(*args: str, env: dict, log: Path) -> tuple[float, str | None]:
 def event_breakdown(dagster_home: Path) -> dict:
     """Per-step work, resource start-up and run wall times from the instance's event log."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
 
     kinds = dg.DagsterEventType
 
     steps: dict[str, float] = defaultdict(float)
     resources: dict[str, float] = defaultdict(float)
     runs, failures, gates = [], [], []
-    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home))) as instance:
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         for run in instance.get_runs():
             started_at, ended_at, open_steps, open_inits, step_errors, held = None, None, {}, {}, 0, 0
             for entry in instance.all_logs(run.run_id):

@@ -29,12 +29,13 @@ from bench.common import REPO, Report, check, isolate_state, main, work_dir
 
 NAME = "scale_out"
 BATCHES = 20
+# The run tags a single-run backfill carries, as Dagster's UI shows them (their constants are private).
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 def _materialize(lake: str, keys: list[str]) -> None:
     """One Dagster run of raw_images over `keys` in this (fresh) process: its own SparkSession."""
     import dagster as dg
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from dgx_assets.ingest.assets import raw_images
     from dgx_assets.partitions import image_batches
@@ -43,7 +44,7 @@ def _materialize(lake: str, keys: list[str]) -> None:
 
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(image_batches.name, keys)
-        tags = {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]} if len(keys) > 1 else {}
+        tags = {RANGE_START: keys[0], RANGE_END: keys[-1]} if len(keys) > 1 else {}
         dg.materialize(
             [raw_images],
             instance=instance,

@@ -3,7 +3,6 @@ raw_images and image_features, each batch committed on its own and reported as i
 
 import dagster as dg
 import pytest
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from imagefactory import write_batch
 
 from dgx_assets.ingest.assets import LANDING_FINGERPRINT, raw_images
@@ -15,6 +14,8 @@ from dgx_assets.training.assets import image_features
 
 BATCHES = [f"b{i:02d}" for i in range(10)]
 FEATURES = {"image_height": 32, "image_width": 32, "embedding": "none"}
+# The run tags a single-run backfill carries, as Dagster's UI shows them (their constants are private).
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 def backfill(instance, spark_resource, lake_root, keys, raise_on_error=True):
@@ -23,7 +24,7 @@ def backfill(instance, spark_resource, lake_root, keys, raise_on_error=True):
         [raw_images, image_features],
         instance=instance,
         resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
-        tags={ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]},  # as a backfill tags it
+        tags={RANGE_START: keys[0], RANGE_END: keys[-1]},  # as a backfill tags it
         run_config={"ops": {"image_features": {"config": FEATURES}}},
         raise_on_error=raise_on_error,
     )
@@ -100,7 +101,7 @@ def test_raw_images_checks_judge_every_batch_of_a_backfill_run(tmp_path, spark_r
             [raw_images, *raw_image_checks],
             instance=instance,
             resources={"spark": spark_resource, "lake": LakeResource(root=str(lake_root))},
-            tags={ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]},
+            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
             raise_on_error=False,
         )
         evaluations = {e.asset_check_key.name: e for e in result.get_asset_check_evaluations()}

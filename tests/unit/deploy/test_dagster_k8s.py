@@ -1,5 +1,8 @@
 """Dagster on Kubernetes: the instance config, the Helm values, the run queue and the GPU step tags,
-checked with dagster's and dagster-k8s's own schemas and code (no cluster needed)."""
+checked with dagster's and dagster-k8s's own schemas and code (no cluster needed).
+
+The `dagster._` imports are Dagster's own config validators and run-queue daemon: no public API checks an
+instance config or drains a queue without a running deployment, and these tests exist to run Dagster's checks."""
 
 from __future__ import annotations
 
