@@ -174,8 +174,11 @@ def _build_generator_in_background(ernie) -> threading.Thread | None:
     print(f"Training the local ERNIE-Image stand-in generator into {model_dir} in the background")
 
     def build() -> None:
-        with contextlib.suppress(launcher.LaunchError, OSError, subprocess.SubprocessError):
+        try:
             launcher.ensure_generator(model_dir)
+        except (launcher.LaunchError, OSError, subprocess.SubprocessError) as error:
+            # Into the run's log (stderr is redirected there): the step's own build reports only its own outcome.
+            print(f"The background generator build failed; ernie_generated_images builds again: {error}", file=sys.stderr)
 
     thread = threading.Thread(target=build, name="ernie-generator-build", daemon=True)
     thread.start()
