@@ -344,10 +344,10 @@ def results_path(name: str, quick: bool, results_dir: Path | None = None) -> Pat
     return folder / (f"{name}.quick.json" if quick else f"{name}.json")
 
 
-def parser(description: str | None) -> argparse.ArgumentParser:
+def parser(description: str | None, repeats: int = 3) -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--quick", action="store_true", help="tiny inputs, fewer repeats: a smoke run of a minute or two")
-    cli.add_argument("--repeats", type=int, default=None, help="timed repeats per side (default: 3, quick: 2)")
+    cli.add_argument("--repeats", type=int, default=None, help=f"timed repeats per side (default: {repeats}, quick: 2)")
     cli.add_argument("--results-dir", type=Path, default=None, help="where the JSON goes (default bench/results)")
     return cli
 
@@ -358,14 +358,18 @@ def main(
     description: str | None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
     argv: list[str] | None = None,
+    repeats: int = 3,
 ) -> int:
-    """Parse the flags, run the benchmark, print the RESULT lines and write the JSON. Exit code 0 unless it broke."""
-    cli = parser(description)
+    """Parse the flags, run the benchmark, print the RESULT lines and write the JSON. Exit code 0 unless it broke.
+
+    `repeats` is the full run's default number of rounds; a noisy benchmark asks for more.
+    """
+    cli = parser(description, repeats)
     if add_arguments:
         add_arguments(cli)
     args = cli.parse_args(argv)
     if args.repeats is None:
-        args.repeats = 2 if args.quick else 3
+        args.repeats = 2 if args.quick else repeats
     if args.repeats < 1:
         cli.error("--repeats must be at least 1")
     prepare_environment()

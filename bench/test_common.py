@@ -75,3 +75,16 @@ def test_a_disagreement_fails_the_benchmark_and_is_recorded(tmp_path):
     record = json.loads((tmp_path / "fake.quick.json").read_text())
     assert record["error"] == "MISMATCH: project and baseline wrote different rows"
     assert record["quick"] is True and record["params"]["repeats"] == 2
+
+
+def test_a_noisy_benchmark_asks_for_more_rounds_and_the_flag_still_wins(tmp_path):
+    seen = []
+
+    def run(report, args):
+        seen.append(args.repeats)
+
+    common.main("fake", run, None, argv=["--results-dir", str(tmp_path)], repeats=7)
+    common.main("fake", run, None, argv=["--results-dir", str(tmp_path), "--repeats", "4"], repeats=7)
+    common.main("fake", run, None, argv=["--quick", "--results-dir", str(tmp_path)], repeats=7)
+    assert seen == [7, 4, 2]
+    assert json.loads((tmp_path / "fake.json").read_text())["params"]["repeats"] == 4
