@@ -81,10 +81,9 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
     import pandas as pd
     import pyarrow as pa
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
 
     from dgx_assets.ingest import images
-    from dgx_assets.lake import Lake, filesystem_for
+    from dgx_assets.lake import Lake
     from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
     from dgx_assets.training.features import FEATURE_SCHEMA, compute_features
@@ -92,20 +91,40 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
 
     shutil.rmtree(root, ignore_errors=True)
     tables = Lake(str(root)).tables
+    raw = raw_images_frame(limit)
+    commit_one_file(tables, "raw_images", pa.Table.from_pandas(raw, preserve_index=False))
+    valid = raw[raw["status"] == images.VALID]
+    seconds, features = timed(
+        lambda: pd.concat([compute_features(valid.iloc[i : i + 64], FeatureConfig()) for i in range(0, len(valid), 64)])
+    )
+    # The table's own schema: a column that is null in every row (feature_error) has no type Iceberg can store.
+    feature_table = pa.Table.from_pandas(features, schema=FEATURE_SCHEMA, preserve_index=False)
+    feature_file = commit_one_file(tables, "image_features", feature_table)
+    print(f"  {len(valid)} valid images, features in {seconds:.0f}s")
 
-    def commit(name: str, table: pa.Table) -> str:
-        """One batch `bench` of the table, committed as the assets commit theirs; returns its file's path."""
-        written = []
+    files = FeatureFiles(pafs.LocalFileSystem(), (str(feature_file),))
+    config = TrainConfig(epochs=epochs, patience=max(2, epochs // 3))
+    with tempfile.TemporaryDirectory(prefix="bench-edge-ckpt-") as checkpoints:
+        seconds, result = timed(lambda: train_classifier(files, config, checkpoints))
+    print(f"  trained {len(result.epochs)} epochs in {seconds:.0f}s, test accuracy {result.test.metrics['accuracy']:.3f}")
+    save_trained_model(root / "trained_model", result, feature_file, str(tables.snapshot("image_features").snapshot_id))
+    head = result.head_warm_start
+    return {
+        "images": len(raw),
+        "valid": len(valid),
+        "backbone": config.backbone,
+        "epochs_run": len(result.epochs),
+        "head_warm_start": head.reason if head and head.used else f"not used: {head.reason if head else '-'}",
+        "training_s": round(seconds, 1),
+        "keras_test_accuracy_at_training": result.test.metrics["accuracy"],
+    }
 
-        def write(folder: str) -> list[str]:
-            fs, path = filesystem_for(folder)
-            fs.create_dir(path, recursive=True)
-            pq.write_table(table, f"{path}/part-00000.parquet")
-            written.append(f"{path}/part-00000.parquet")
-            return [f"{folder}/part-00000.parquet"]
 
-        tables.write_and_commit(name, table.schema, write, "bench")
-        return written[0]
+def raw_images_frame(limit: int | None):
+    """raw_images rows of the benchmark's images, one batch `bench`, inspected as the ingest inspects them."""
+    import pandas as pd
+
+    from dgx_assets.ingest import images
 
     rows = []
     for name, content, label in source_images(limit):
@@ -122,22 +141,30 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
                 "content": content if verdict.status == images.VALID else None,
             }
         )
-    raw = pd.DataFrame(rows)
-    commit("raw_images", pa.Table.from_pandas(raw, preserve_index=False))
-    valid = raw[raw["status"] == images.VALID]
-    seconds, features = timed(
-        lambda: pd.concat([compute_features(valid.iloc[i : i + 64], FeatureConfig()) for i in range(0, len(valid), 64)])
-    )
-    # The table's own schema: a column that is null in every row (feature_error) has no type Iceberg can store.
-    feature_file = commit("image_features", pa.Table.from_pandas(features, schema=FEATURE_SCHEMA, preserve_index=False))
-    print(f"  {len(valid)} valid images, features in {seconds:.0f}s")
+    return pd.DataFrame(rows)
 
-    files = FeatureFiles(pafs.LocalFileSystem(), (str(feature_file),))
-    config = TrainConfig(epochs=epochs, patience=max(2, epochs // 3))
-    with tempfile.TemporaryDirectory(prefix="bench-edge-ckpt-") as checkpoints:
-        seconds, result = timed(lambda: train_classifier(files, config, checkpoints))
-    print(f"  trained {len(result.epochs)} epochs in {seconds:.0f}s, test accuracy {result.test.metrics['accuracy']:.3f}")
-    model_dir = root / "trained_model"
+
+def commit_one_file(tables, name: str, table) -> str:
+    """One batch `bench` of the table, committed as the assets commit theirs; returns its file's path."""
+    import pyarrow.parquet as pq
+
+    from dgx_assets.lake import filesystem_for
+
+    written = []
+
+    def write(folder: str) -> list[str]:
+        fs, path = filesystem_for(folder)
+        fs.create_dir(path, recursive=True)
+        pq.write_table(table, f"{path}/part-00000.parquet")
+        written.append(f"{path}/part-00000.parquet")
+        return [f"{folder}/part-00000.parquet"]
+
+    tables.write_and_commit(name, table.schema, write, "bench")
+    return written[0]
+
+
+def save_trained_model(model_dir: Path, result, feature_file: str, feature_snapshot_id: str) -> None:
+    """The model and the model_info.json that edge_model reads, as trained_model writes them."""
     model_dir.mkdir()
     result.model.save(model_dir / "model.keras")
     info = {
@@ -147,20 +174,10 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
         "registered_model_name": "bench",
         "model_version": None,
         "feature_files": [str(feature_file)],
-        "feature_snapshot_id": str(tables.snapshot("image_features").snapshot_id),
+        "feature_snapshot_id": feature_snapshot_id,
         "test_metrics": result.test.metrics,
     }
     (model_dir / "model_info.json").write_text(json.dumps(info, indent=2, default=float))
-    head = result.head_warm_start
-    return {
-        "images": len(raw),
-        "valid": len(valid),
-        "backbone": config.backbone,
-        "epochs_run": len(result.epochs),
-        "head_warm_start": head.reason if head and head.used else f"not used: {head.reason if head else '-'}",
-        "training_s": round(seconds, 1),
-        "keras_test_accuracy_at_training": result.test.metrics["accuracy"],
-    }
 
 
 def median_latency_ms(call, inputs: np.ndarray) -> float:
@@ -262,31 +279,12 @@ def report_request_peak_memory(report: Report, model_dir: Path) -> None:
 
 def run(report: Report, args) -> None:
     isolate_state(NAME)
-    from dgx_assets.edge import parity
-    from dgx_assets.edge.build import build_edge_model, load_trained_model
+    from dgx_assets.edge.build import build_edge_model
     from dgx_assets.edge.config import EdgeModelConfig
     from dgx_assets.lake import Lake
 
     if not args.lake:
-        limit = args.images or (QUICK_IMAGES if args.quick else IMAGES)
-        epochs = args.epochs or (QUICK_EPOCHS if args.quick else EPOCHS)
-        root = work_dir(NAME) / "lake"
-        report.params.update(images_limit=limit, epochs=epochs, source="elpv" if elpv_available() else "synthetic")
-        # Trained in a process of its own, with all cores: this one runs TensorFlow on `--threads` only.
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.edge", "--build-lake", str(root), "--epochs", str(epochs)]
-            + (["--images", str(limit)] if limit else []),
-            check=False,
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-            timeout=3600,
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"building the lake failed:\n{out.stderr[-3000:]}")
-        print("\n".join(line for line in out.stdout.splitlines()[:-1] if line.startswith("  ")))
-        report.figure("lake", json.loads(out.stdout.strip().splitlines()[-1]))
+        root = build_lake_in_a_process(report, args)
     else:
         root = Path(args.lake)
         report.params["lake"] = str(root)
@@ -320,34 +318,9 @@ def run(report: Report, args) -> None:
         f"Keras {first.keras_accuracy:.2%} / TFLite {first.tflite_accuracy:.2%}"
     )
 
-    # Latency again, `repeats` times, on the same images (the first measurement is the build's own).
-    tflite_model = (root / "edge_model" / "model.tflite").read_bytes()
-    with tempfile.TemporaryDirectory(prefix="bench-edge-") as tmp:
-        trained = load_trained_model(lake, Path(tmp))
-        # trained_model's .keras also stores the optimizer's state (Adam's moments of the fine-tuned blocks);
-        # the same model saved without it says what the int8 model saves on the network alone.
-        weights_only = Path(tmp) / "without_optimizer.keras"
-        trained.model.save(weights_only)  # loaded with compile=False: no optimizer to save
-        report.figure("size_ratio_to_keras_without_optimizer", round(first.tflite_size_bytes / weights_only.stat().st_size, 4))
-        reports = [first]
-        # Batch-of-one latency swings with the neighbours' load on a shared machine: at least 5 runs.
-        for _ in range((args.repeats if args.quick else max(args.repeats, 5)) - 1):
-            again, _, _ = parity.measure_parity(
-                tflite_model,
-                trained.model,
-                raw_images=result.data.test_raw,
-                keras_inputs=result.data.test_features,
-                labels=result.data.test_labels,
-                keras_size_bytes=trained.size_bytes,
-                quantization=result.ladder.shipped.format,
-                latency_images=settings.latency_images,
-                num_threads=threads or None,
-            )
-            check(again.tflite_accuracy == first.tflite_accuracy, "the TFLite model changed its answers between runs")
-            reports.append(again)
-        report.figure(
-            "like_for_like", like_for_like(trained.model, tflite_model, result.data, threads or None, settings.latency_images)
-        )
+    # Batch-of-one latency swings with the neighbours' load on a shared machine: at least 5 runs.
+    rounds = args.repeats if args.quick else max(args.repeats, 5)
+    reports = [first, *repeat_parity(report, lake, root, result, settings, rounds - 1, threads or None)]
     keras_ms = Timing([r.keras_latency_ms / 1000 for r in reports])
     tflite_ms = Timing([r.tflite_latency_ms / 1000 for r in reports])
     latency_ratio = float(np.median([r.latency_ratio for r in reports]))
@@ -372,6 +345,64 @@ def run(report: Report, args) -> None:
     report.figure("edge_top1_agreement_pct", round(first.top1_agreement * 100, 2))
     report.result("edge_negative_flip_rate_pct", first.negative_flip_rate * 100, "<=", 2.0)
     report_request_peak_memory(report, root / "edge_model")
+
+
+def build_lake_in_a_process(report: Report, args) -> Path:
+    """The benchmark's lake, trained in a process of its own with all cores: this one runs TensorFlow on
+    `--threads` only."""
+    limit = args.images or (QUICK_IMAGES if args.quick else IMAGES)
+    epochs = args.epochs or (QUICK_EPOCHS if args.quick else EPOCHS)
+    root = work_dir(NAME) / "lake"
+    report.params.update(images_limit=limit, epochs=epochs, source="elpv" if elpv_available() else "synthetic")
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.edge", "--build-lake", str(root), "--epochs", str(epochs)]
+        + (["--images", str(limit)] if limit else []),
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=3600,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"building the lake failed:\n{out.stderr[-3000:]}")
+    print("\n".join(line for line in out.stdout.splitlines()[:-1] if line.startswith("  ")))
+    report.figure("lake", json.loads(out.stdout.strip().splitlines()[-1]))
+    return root
+
+
+def repeat_parity(report: Report, lake, root: Path, result, settings, runs: int, threads: int | None) -> list:
+    """The shipped model's parity and latency `runs` more times on the same images (the first measurement is
+    the build's own), and the size and like-for-like figures that need the trained model."""
+    from dgx_assets.edge import parity
+    from dgx_assets.edge.build import load_trained_model
+
+    first = result.report
+    tflite_model = (root / "edge_model" / "model.tflite").read_bytes()
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="bench-edge-") as tmp:
+        trained = load_trained_model(lake, Path(tmp))
+        # trained_model's .keras also stores the optimizer's state (Adam's moments of the fine-tuned blocks);
+        # the same model saved without it says what the int8 model saves on the network alone.
+        weights_only = Path(tmp) / "without_optimizer.keras"
+        trained.model.save(weights_only)  # loaded with compile=False: no optimizer to save
+        report.figure("size_ratio_to_keras_without_optimizer", round(first.tflite_size_bytes / weights_only.stat().st_size, 4))
+        for _ in range(runs):
+            again, _, _ = parity.measure_parity(
+                tflite_model,
+                trained.model,
+                raw_images=result.data.test_raw,
+                keras_inputs=result.data.test_features,
+                labels=result.data.test_labels,
+                keras_size_bytes=trained.size_bytes,
+                quantization=result.ladder.shipped.format,
+                latency_images=settings.latency_images,
+                num_threads=threads,
+            )
+            check(again.tflite_accuracy == first.tflite_accuracy, "the TFLite model changed its answers between runs")
+            reports.append(again)
+        report.figure("like_for_like", like_for_like(trained.model, tflite_model, result.data, threads, settings.latency_images))
+    return reports
 
 
 def add_arguments(cli) -> None:

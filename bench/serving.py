@@ -179,95 +179,109 @@ def run(report: Report, args) -> None:
     servers, hostile_target = servers[:2], servers[2]
     try:
         urls = [server.url for server in servers]
-        ports = {server.port for server in servers}
-        # Same result: the images through client and server are the bare predictor's PNG bytes.
-        checker = make_client(urls, concurrency=1)
-        for seed, digest in zip(seeds, bare["digests"]):
-            reply = checker.generate(PROMPT, SIZE, SIZE, seed)
-            check(reply.ok, f"request failed: {reply.error}")
-            check(
-                hashlib.sha256(base64.b64decode(reply.payload_b64)).hexdigest() == digest,
-                f"seed {seed}: the served PNG differs from the bare predictor's",
-            )
-        print(f"  same PNG bytes as the bare predictor for seeds {seeds}")
-
-        # TIME_WAIT and new connections over 1,000 requests on the two-instance fleet, with the client warm
-        # (as a Spark worker's pooled client is after its first batch): connections opened during the run.
+        check_same_png(urls, seeds, bare["digests"])
         fleet = {"1 instance": make_client(urls[:1]), "2 instances": make_client(urls)}
-        for warm_client in fleet.values():
-            burst(warm_client, 2 * CONCURRENCY)
-        client = fleet["2 instances"]
-        before, opened_before = time_wait_sockets(ports), connections_opened(client)
-        seconds = burst(client, time_wait_requests, seed_offset=10_000)
-        opened, stats = connections_opened(client) - opened_before, client.stats()
-        left = time_wait_sockets(ports) - before
-        report.figure(
-            "fleet_run",
-            {
-                "requests": time_wait_requests,
-                "seconds": round(seconds, 2),
-                "per_s": round(time_wait_requests / seconds, 2),
-                "connections_opened": opened,
-                "connections_at_warm_up": opened_before,
-                "per_endpoint": stats,
-                "new_time_wait_sockets": len(left),
-            },
+        opened, left = fleet_run(report, fleet["2 instances"], {server.port for server in servers}, time_wait_requests)
+        one, two = throughput_rounds(report, fleet, burst_requests, args.repeats, fixed_ms)
+        overhead, overhead_interval, served = request_overhead(
+            report, make_client(urls[:1], concurrency=1), bare, sequential_calls
         )
-        print(
-            f"{time_wait_requests} requests on 2 instances in {seconds:.1f}s: {opened} new connections "
-            f"({opened_before} opened while warming up), {len(left)} new TIME_WAIT sockets; per endpoint {stats}"
-        )
-        shares = [entry["requests"] for entry in stats.values()]
-        check(min(shares) > 0.4 * time_wait_requests, f"round-robin is lopsided: {shares}")
-
-        # Throughput, 1 instance vs 2 (same client settings, 4 requests in flight), interleaved.
-        samples: dict[str, list[float]] = {"1 instance": [], "2 instances": []}
-        for round_index in range(args.repeats):
-            order = list(samples) if round_index % 2 == 0 else list(samples)[::-1]
-            for name in order:
-                seconds = burst(fleet[name], burst_requests, seed_offset=20_000 + round_index * burst_requests)
-                samples[name].append(seconds)
-                print(f"  [{round_index + 1}/{args.repeats}] {name}: {burst_requests / seconds:.1f} requests/s")
-        one, two = Timing(samples["1 instance"]), Timing(samples["2 instances"])
-        report.figure("one_instance", one.to_dict(burst_requests))
-        report.figure("two_instances", two.to_dict(burst_requests))
-        report.figure("ceiling_per_instance_per_s", round(1000 / fixed_ms, 2))
-        print(f"1 instance: {one.describe(burst_requests, 'requests')} (ceiling {1000 / fixed_ms:.1f}/s)")
-        print(f"2 instances: {two.describe(burst_requests, 'requests')} (ceiling {2000 / fixed_ms:.1f}/s)")
-        if one.rate(burst_requests) > 1.05 * 1000 / fixed_ms:
-            report.note(
-                f"one instance served {one.rate(burst_requests):.1f} requests/s, over the "
-                f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold does not cost each "
-                "request the full model time, so the figure measures the client's requests in flight"
-            )
-
-        # Per-request overhead: sequential calls through client and server vs the bare predictor call.
-        served = sequential_latencies(make_client(urls[:1], concurrency=1), sequential_calls)
-        bare_median, served_median = statistics.median(bare["latencies_s"]), statistics.median(served)
-        overhead = served_median / bare_median - 1
-        overhead_interval = bootstrap_interval(
-            lambda s, b: statistics.median(s) / statistics.median(b) - 1, served, bare["latencies_s"]
-        )
-        report.figure("bare_predictor_latency", Timing(bare["latencies_s"]).to_dict())
-        report.figure("served_latency", Timing(served).to_dict())
-        report.figure("overhead_ms", round((served_median - bare_median) * 1000, 2))
-        print(
-            f"sequential request {served_median * 1000:.1f} ms vs bare predictor {bare_median * 1000:.1f} ms: "
-            f"+{(served_median - bare_median) * 1000:.1f} ms ({overhead:.1%})"
-        )
-
         hostile = hostile_probes(report, hostile_target, args.quick)
     finally:
         launcher.stop_servers([*servers, hostile_target])
 
     report.ratio("serving_two_over_one_instance", one, two, ">=", 1.9)
     report.result("serving_new_connections_pct", 100.0 * opened / time_wait_requests, "<=", 1.0)
-    report.result("serving_time_wait_after_requests", len(left), "<=", 5)
-    report.result("serving_request_overhead", overhead, "<=", 0.10, interval=overhead_interval, rounds=len(served))
+    report.result("serving_time_wait_after_requests", left, "<=", 5)
+    report.result("serving_request_overhead", overhead, "<=", 0.10, interval=overhead_interval, rounds=served)
     report.result("serving_idle_connections_rss_growth_mb", hostile["rss_growth_mb"], "<=", 100)
     report.result("serving_idle_connections_p99_ratio", hostile["p99_ratio"], "<=", 2.0)
     report.result("serving_slow_loris_closed_max_s", hostile["loris_closed_max_s"], "<=", hostile["header_timeout_s"] + 0.5)
     report.result("serving_over_limit_body_refused_max_ms", hostile["refused_max_ms"], "<=", 50)
+
+
+def check_same_png(urls: list[str], seeds: list[int], digests: list[str]) -> None:
+    """Same result: the images through client and server are the bare predictor's PNG bytes."""
+    checker = make_client(urls, concurrency=1)
+    for seed, digest in zip(seeds, digests):
+        reply = checker.generate(PROMPT, SIZE, SIZE, seed)
+        check(reply.ok, f"request failed: {reply.error}")
+        check(
+            hashlib.sha256(base64.b64decode(reply.payload_b64)).hexdigest() == digest,
+            f"seed {seed}: the served PNG differs from the bare predictor's",
+        )
+    print(f"  same PNG bytes as the bare predictor for seeds {seeds}")
+
+
+def fleet_run(report: Report, client, ports: set[int], requests: int) -> tuple[int, int]:
+    """TIME_WAIT and new connections over `requests` on the two-instance fleet, with the client warm (as a
+    Spark worker's pooled client is after its first batch): (connections opened, new TIME_WAIT sockets)."""
+    burst(client, 2 * CONCURRENCY)
+    before, opened_before = time_wait_sockets(ports), connections_opened(client)
+    seconds = burst(client, requests, seed_offset=10_000)
+    opened, stats = connections_opened(client) - opened_before, client.stats()
+    left = time_wait_sockets(ports) - before
+    report.figure(
+        "fleet_run",
+        {
+            "requests": requests,
+            "seconds": round(seconds, 2),
+            "per_s": round(requests / seconds, 2),
+            "connections_opened": opened,
+            "connections_at_warm_up": opened_before,
+            "per_endpoint": stats,
+            "new_time_wait_sockets": len(left),
+        },
+    )
+    print(
+        f"{requests} requests on 2 instances in {seconds:.1f}s: {opened} new connections "
+        f"({opened_before} opened while warming up), {len(left)} new TIME_WAIT sockets; per endpoint {stats}"
+    )
+    shares = [entry["requests"] for entry in stats.values()]
+    check(min(shares) > 0.4 * requests, f"round-robin is lopsided: {shares}")
+    return opened, len(left)
+
+
+def throughput_rounds(report: Report, fleet: dict, requests: int, repeats: int, fixed_ms: float) -> tuple[Timing, Timing]:
+    """Throughput, 1 instance vs 2 (same client settings, 4 requests in flight), interleaved."""
+    for warm_client in fleet.values():
+        burst(warm_client, 2 * CONCURRENCY)
+    samples: dict[str, list[float]] = {"1 instance": [], "2 instances": []}
+    for round_index in range(repeats):
+        order = list(samples) if round_index % 2 == 0 else list(samples)[::-1]
+        for name in order:
+            seconds = burst(fleet[name], requests, seed_offset=20_000 + round_index * requests)
+            samples[name].append(seconds)
+            print(f"  [{round_index + 1}/{repeats}] {name}: {requests / seconds:.1f} requests/s")
+    one, two = Timing(samples["1 instance"]), Timing(samples["2 instances"])
+    report.figure("one_instance", one.to_dict(requests))
+    report.figure("two_instances", two.to_dict(requests))
+    report.figure("ceiling_per_instance_per_s", round(1000 / fixed_ms, 2))
+    print(f"1 instance: {one.describe(requests, 'requests')} (ceiling {1000 / fixed_ms:.1f}/s)")
+    print(f"2 instances: {two.describe(requests, 'requests')} (ceiling {2000 / fixed_ms:.1f}/s)")
+    if one.rate(requests) > 1.05 * 1000 / fixed_ms:
+        report.note(
+            f"one instance served {one.rate(requests):.1f} requests/s, over the "
+            f"{1000 / fixed_ms:.1f}/s its fixed latency allows: the server's hold does not cost each "
+            "request the full model time, so the figure measures the client's requests in flight"
+        )
+    return one, two
+
+
+def request_overhead(report: Report, client, bare: dict, calls: int) -> tuple[float, tuple[float, float], int]:
+    """Sequential calls through client and server vs the bare predictor call: (overhead, its interval, calls)."""
+    served = sequential_latencies(client, calls)
+    bare_median, served_median = statistics.median(bare["latencies_s"]), statistics.median(served)
+    overhead = served_median / bare_median - 1
+    interval = bootstrap_interval(lambda s, b: statistics.median(s) / statistics.median(b) - 1, served, bare["latencies_s"])
+    report.figure("bare_predictor_latency", Timing(bare["latencies_s"]).to_dict())
+    report.figure("served_latency", Timing(served).to_dict())
+    report.figure("overhead_ms", round((served_median - bare_median) * 1000, 2))
+    print(
+        f"sequential request {served_median * 1000:.1f} ms vs bare predictor {bare_median * 1000:.1f} ms: "
+        f"+{(served_median - bare_median) * 1000:.1f} ms ({overhead:.1%})"
+    )
+    return overhead, interval, len(served)
 
 
 # --- hostile clients --------------------------------------------------------------------------------------
@@ -296,9 +310,21 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < idle_count + 256:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, idle_count + 256), hard))
-    client = make_client([server.url], concurrency=1)
+    growth, ratio = idle_connections_probe(report, server, idle_count, calls)
+    loris_max = slow_loris_probe(report, server, loris_count, calls, defaults.header_timeout_s)
+    return {
+        "rss_growth_mb": round(growth, 1),
+        "p99_ratio": ratio,
+        "loris_closed_max_s": round(loris_max, 2),
+        "header_timeout_s": defaults.header_timeout_s,
+        "refused_max_ms": over_limit_body_probe(report, server),
+    }
 
-    # Idle connections: another client's latency and the server's memory, without and with them held.
+
+def idle_connections_probe(report: Report, server, idle_count: int, calls: int) -> tuple[float, float]:
+    """Another client's latency and the server's memory, without and with idle connections held:
+    (RSS growth in MB, p99 ratio)."""
+    client = make_client([server.url], concurrency=1)
     idle_latencies = sequential_latencies(client, calls)
     rss_before = rss_mb(server.pid)
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(idle_count)]
@@ -326,15 +352,18 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
         f"{idle_count} idle connections: RSS {rss_before:.0f} -> {rss_held:.0f} MB, other client's p99 "
         f"{p99(idle_latencies) * 1000:.1f} -> {p99(held_latencies) * 1000:.1f} ms"
     )
+    return growth, ratio
 
-    # Slow loris: a header byte a second on each connection; another client is served meanwhile.
+
+def slow_loris_probe(report: Report, server, loris_count: int, calls: int, header_timeout_s: float) -> float:
+    """A header byte a second on each connection while another client is served: the latest close, seconds."""
     lorises = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(loris_count)]
     opened = time.monotonic()
     closed_after: dict[int, float] = {}
     with ThreadPoolExecutor(1) as pool:
         served = pool.submit(sequential_latencies, make_client([server.url], concurrency=1), calls)
         header = b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100
-        for step in range(int(defaults.header_timeout_s) + 5):
+        for step in range(int(header_timeout_s) + 5):
             for index, sock in enumerate(lorises):
                 if index in closed_after:
                     continue
@@ -367,7 +396,7 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
         "slow_loris",
         {
             "connections": loris_count,
-            "header_timeout_s": defaults.header_timeout_s,
+            "header_timeout_s": header_timeout_s,
             "closed_after_max_s": round(loris_max, 2),
             "closed_after_min_s": round(min(closed_after.values()), 2),
             "other_client_p99_ms": round(p99(loris_served) * 1000, 1),
@@ -375,11 +404,14 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
     )
     print(
         f"{loris_count} slow-loris connections closed after {min(closed_after.values()):.2f}-{loris_max:.2f} s "
-        f"(header timeout {defaults.header_timeout_s:g} s); another client's p99 meanwhile "
+        f"(header timeout {header_timeout_s:g} s); another client's p99 meanwhile "
         f"{p99(loris_served) * 1000:.1f} ms"
     )
+    return loris_max
 
-    # Over-limit body: the 413 must come from the header alone, before any of the body is sent.
+
+def over_limit_body_probe(report: Report, server) -> float:
+    """The 413 must come from the header alone, before any of the body is sent: the slowest refusal, ms."""
     refusals = []
     rss_before = rss_mb(server.pid)
     for _ in range(20):
@@ -403,13 +435,7 @@ def hostile_probes(report: Report, server, quick: bool) -> dict:
         },
     )
     print(f"99 MB bodies refused from the header in {statistics.median(refusals) * 1000:.2f} ms median, {refused_max:.2f} ms max")
-    return {
-        "rss_growth_mb": round(growth, 1),
-        "p99_ratio": ratio,
-        "loris_closed_max_s": round(loris_max, 2),
-        "header_timeout_s": defaults.header_timeout_s,
-        "refused_max_ms": refused_max,
-    }
+    return refused_max
 
 
 def add_arguments(cli) -> None:
