@@ -168,9 +168,7 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
     tokenizer = Tokenizer.from_texts(training_data.all_caption_words(data.conditions), settings.max_tokens)
     log(f"training on {len(data.images)} images from {data.source}, vocabulary {len(tokenizer.vocabulary)}")
 
-    keys = sorted({key for keys in data.conditions for key in keys})
-    model = _Training(settings, len(tokenizer.vocabulary), keys)
-    targets = None if model.classifier is None else model.classifier.targets(data.conditions)
+    model = _Training(settings, len(tokenizer.vocabulary), data.conditions)
 
     # The budget counts training only: loading the images on a busy machine must not cost the model epochs.
     training_started = time.monotonic()
@@ -180,8 +178,7 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
         for start in range(0, count, settings.batch_size):
             batch = order[start : start + settings.batch_size]
             tokens = paddle.to_tensor(_pad_batch([_caption_ids(tokenizer, data.conditions[i], rng) for i in batch]))
-            batch_targets = None if targets is None else paddle.to_tensor(targets[batch])
-            last_loss = model.step(tokens, paddle.to_tensor(data.images[batch]), batch_targets)
+            last_loss = model.step(tokens, paddle.to_tensor(data.images[batch]), model.targets_of(batch))
             steps += 1
         elapsed = time.monotonic() - training_started
         log(f"epoch {epoch + 1}/{settings.epochs} loss {last_loss:.4f} ({elapsed:.0f}s)")
@@ -218,17 +215,23 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
 class _Training:
     """The layers being trained, their optimizers, and one step of the loss."""
 
-    def __init__(self, settings: TrainSettings, vocabulary_size: int, keys: list[str]):
+    def __init__(self, settings: TrainSettings, vocabulary_size: int, conditions: list[list[str]]):
         self.settings = settings
         self.text = TextEncoder(vocabulary_size, settings.text_dim)
         self.decoder = Decoder(settings.z_dim, settings.text_dim, settings.image_size, settings.hidden)
         self.encoder = Encoder(settings.z_dim, settings.text_dim, settings.image_size, settings.hidden)
         parameters = self.text.parameters() + self.decoder.parameters() + self.encoder.parameters()
         self.optimizer = paddle.optimizer.Adam(learning_rate=settings.learning_rate, parameters=parameters)
+        keys = sorted({key for image_keys in conditions for key in image_keys})
         # Images under a folder with no condition names have no keys to classify.
         self.classifier = ConditionClassifier(settings.image_size, keys) if keys and settings.condition_weight else None
+        self.targets = None if self.classifier is None else self.classifier.targets(conditions)
         if self.classifier is not None:
             self.classifier_optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=self.classifier.parameters())
+
+    def targets_of(self, batch: np.ndarray):
+        """The classifier's targets for these images (by index), or None without a classifier."""
+        return None if self.targets is None else paddle.to_tensor(self.targets[batch])
 
     def step(self, tokens, images, targets) -> float:
         if self.classifier is not None:  # first it learns this batch's real images, then it judges the samples below
