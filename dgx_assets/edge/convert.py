@@ -36,17 +36,11 @@ from dgx_assets.edge.device import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY, decod
 # What a conversion produces; `auto` (ConversionSettings only) is the format ladder of edge/ladder.py.
 QUANTIZATIONS = ("int8", "float16", "float32", "dynamic")
 AUTO = "auto"
-# bilinear_antialias is what image_features does (tf.image.resize(..., antialias=True)); TFLite has no such
-# kernel, so it runs as two FULLY_CONNECTED layers with constant weights, exact in float and int8-friendly.
-# The other two map to TFLite's own RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR (no antialiasing: cheaper,
-# less faithful).
+# bilinear_antialias is image_features' resize, as two constant FULLY_CONNECTED layers (TFLite has no such
+# kernel); the other two are TFLite's own, cheaper and less faithful (docs/decisions/0002-edge-conversion.md).
 RESIZE_METHODS = ("bilinear_antialias", "bilinear", "nearest")
-# TensorFlow's quantisation debugger (tf.lite.experimental.QuantizationDebugger) on the fine-tuned
-# EfficientNet-Lite0 measures an RMS int8 error of 1.9 quantisation steps in the stem and 2.6 in block 0's
-# depthwise convolution, against at most 0.9 in every other layer: the full-resolution layers that see every
-# pixel, with the fewest weights per output. Kept in float they cost no latency on a CPU; whether they help
-# depends on the model (on ELPV: 12 -> 5 disagreements with frozen batch normalisation, 19 -> 22 with it
-# fine-tuned at momentum 0.99), so the default stays full-integer and this is the suggestion to try.
+# The layers with the largest int8 error; kept in float they cost no CPU latency, but helped only some models
+# (docs/decisions/0002-edge-conversion.md), so the default stays full-integer and this is a suggestion.
 LITE0_FLOAT_STEM = ("stem_", "block00_dw_")
 # The ops that carry a network's arithmetic: in an int8 model, any of these on float input ran in float.
 _COMPUTE_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL")
@@ -222,12 +216,8 @@ def _edge_function(model, config: EdgeConversionConfig, input_dtype):
         else:
             pixels = tf.image.resize(pixels, (height, width), method=config.resize_method)
         if resize and input_dtype != tf.float32:
-            # image_features stores the resized image as uint8 and trained_model learnt on those whole
-            # grey levels; an undertrained network can flip on sub-level differences, so round here too.
-            # Not in the int8 model: its snapped resize weights differ a little from the exact ones, and
-            # pinning this tensor to whole levels turns those sub-level differences into whole-level ones
-            # (six times the probability difference on the edge tests' images; on ELPV's, with the
-            # frozen-batch-norm classifier, 12 -> 9 flips full-integer and none fewer with LITE0_FLOAT_STEM).
+            # trained_model learnt on whole grey levels (image_features stores uint8), so round here too, but not
+            # in int8, where it magnifies the snapped resize weights' error (docs/decisions/0002-edge-conversion.md).
             pixels = whole_grey_levels(pixels)
         if config.input_scale != 1.0:
             pixels = pixels * config.input_scale

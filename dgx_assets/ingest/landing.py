@@ -92,10 +92,9 @@ def look(landing_uri: str) -> Landing:
     fs, root = filesystem_for(landing_uri)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
         return Landing(root, {}, ())
-    # Local landing zones (a laptop, an NFS mount) are walked with os.scandir, whose directory entries
-    # carry the file type for free: pyarrow's listing and its FileInfo objects cost twice the walk on
-    # 100,000 files (bench/code_location.py), and pyarrow follows links. HDFS and WebHDFS are listed
-    # through pyarrow, where the namenode round trips dominate.
+    # Local zones: os.scandir's entries carry the file type for free, where pyarrow's listing costs twice the
+    # walk on 100,000 files (bench/code_location.py) and follows links. HDFS goes through pyarrow, where the
+    # namenode's round trips dominate.
     if isinstance(fs, pafs.LocalFileSystem):
         listings, refused = _walk_local(root)
     else:

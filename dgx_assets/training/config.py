@@ -144,9 +144,7 @@ class Recipe(BaseModel):
 
 
 # Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
-# a high one halved on plateaus. Lite0's epochs take about 45 s on ELPV on 2 cores. On the demo's split, 7
-# epochs reached validation loss 0.257 (the fifth's weights, restored) against 0.274 for 5, with 15 int8
-# disagreements against 18, and still fit `make demo` in its 10 minutes.
+# a high one halved on plateaus. Why 7 epochs for Lite0: docs/decisions/0003-lite0-recipe.md.
 RECIPES = {
     EFFICIENTNET_LITE0: Recipe(
         epochs=7, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False

@@ -174,10 +174,8 @@ def _fit(model, files, index, config: TrainConfig, global_batch: int, checkpoint
     ]
     class_weights = index.class_weights() if config.class_weighting else None
     model.fit(
-        # Repeated, with the epoch's length given, Keras keeps one training iterator for the whole run. With
-        # one per epoch, it dropped the last one half read, and waiting for that iterator's threads to stop
-        # took 25-40 s at every epoch start on 2 cores, a third of the fine-tuning time (py-spy: the main
-        # thread in the iterator's destructor).
+        # Repeated, with the epoch's length given: Keras keeps one training iterator for the whole run. With one
+        # per epoch, waiting for the half-read one's threads to stop took 25-40 s at every epoch start on 2 cores.
         train_data.repeat(),
         steps_per_epoch=steps_per_epoch(index, global_batch),
         validation_data=validation_data,
