@@ -178,7 +178,7 @@ def train_and_export(out_dir: str | Path, settings: TrainSettings, images_dir: s
         for start in range(0, count, settings.batch_size):
             batch = order[start : start + settings.batch_size]
             tokens = paddle.to_tensor(_pad_batch([_caption_ids(tokenizer, data.conditions[i], rng) for i in batch]))
-            last_loss = model.step(tokens, paddle.to_tensor(data.images[batch]), model.targets_of(batch))
+            last_loss = model.step(tokens, paddle.to_tensor(data.images[batch]), batch)
             steps += 1
         elapsed = time.monotonic() - training_started
         log(f"epoch {epoch + 1}/{settings.epochs} loss {last_loss:.4f} ({elapsed:.0f}s)")
@@ -229,12 +229,11 @@ class _Training:
         if self.classifier is not None:
             self.classifier_optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=self.classifier.parameters())
 
-    def targets_of(self, batch: np.ndarray):
-        """The classifier's targets for these images (by index), or None without a classifier."""
-        return None if self.targets is None else paddle.to_tensor(self.targets[batch])
-
-    def step(self, tokens, images, targets) -> float:
-        if self.classifier is not None:  # first it learns this batch's real images, then it judges the samples below
+    def step(self, tokens, images, batch: np.ndarray) -> float:
+        """One optimizer step on these images, `batch` their indices in the training set."""
+        targets = None
+        if self.classifier is not None and self.targets is not None:  # it learns the real images, then judges samples
+            targets = paddle.to_tensor(self.targets[batch])
             fit = F.binary_cross_entropy_with_logits(self.classifier(images), targets)
             fit.backward()
             self.classifier_optimizer.step()
