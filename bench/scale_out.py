@@ -29,8 +29,6 @@ from bench.common import REPO, Report, check, isolate_state, main, work_dir
 
 NAME = "scale_out"
 BATCHES = 20
-# The run tags a single-run backfill carries, as Dagster's UI shows them (their constants are private).
-RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 def _materialize(lake: str, keys: list[str]) -> None:
@@ -41,6 +39,7 @@ def _materialize(lake: str, keys: list[str]) -> None:
     from dgx_assets.partitions import image_batches
     from dgx_assets.resources import LakeResource
     from dgx_assets.spark.resource import SparkResource
+    from tests.support.backfill_tags import RANGE_END, RANGE_START
 
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(image_batches.name, keys)

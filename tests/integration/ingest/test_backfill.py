@@ -4,6 +4,7 @@ raw_images and image_features, each batch committed on its own and reported as i
 import dagster as dg
 import pytest
 from imagefactory import write_batch
+from support.backfill_tags import RANGE_END, RANGE_START
 
 from dgx_assets.ingest.assets import LANDING_FINGERPRINT, raw_images
 from dgx_assets.ingest.sensors import _ingested_fingerprint
@@ -14,8 +15,6 @@ from dgx_assets.training.assets import image_features
 
 BATCHES = [f"b{i:02d}" for i in range(10)]
 FEATURES = {"image_height": 32, "image_width": 32, "embedding": "none"}
-# The run tags a single-run backfill carries, as Dagster's UI shows them (their constants are private).
-RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 def backfill(instance, spark_resource, lake_root, keys, raise_on_error=True):
