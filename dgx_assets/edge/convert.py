@@ -62,8 +62,8 @@ class ConversionSettings(BaseModel):
     input_scale: float = Field(1.0, description="Factor on raw pixels before the network; 1.0: trained_model rescales itself")
     representative_samples: int = Field(
         100,
-        description="Calibration images for int8, from the representative split. Each passes through all 8 dihedral "
-        "views when the model has them; on the demo model 100 gave the same int8 figures as 200 in two thirds of the time",
+        description="Calibration images for int8, from the representative split. Each passes through every test-time "
+        "view the model has; on the demo model 100 gave the same int8 figures as 200 in two thirds of the time",
     )
     float_layers: list[str] = Field(
         [],

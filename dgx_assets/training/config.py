@@ -16,6 +16,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgx_assets.config_parts import part_of
+from dgx_assets.training import decision
 
 NO_EMBEDDING = "none"
 EFFICIENTNET_LITE0 = "efficientnet_lite0"
@@ -179,11 +180,12 @@ class TrainConfig(ModelConfig):
     )
     seed: int = Field(default=42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
     augment: bool = Field(default=True, description="Random flips and quarter turns of training images")
-    # Cross-validation on all 2,624 ELPV images (BENCHMARKS.md): 86.78 % one view, 87.84 % over the 8 views,
-    # 88.15 % with the validation threshold too; the threshold alone changed nothing.
-    test_time_augmentation: bool = Field(
-        default=True,
-        description="Decide on the mean probabilities of the 8 flips and quarter turns of each image (8x the inference cost)",
+    # Cross-validation on all 2,624 ELPV images: BENCHMARKS.md section 10 gives each view count's accuracy.
+    test_time_views: int = Field(
+        default=4,
+        description="Decide on the mean probabilities of this many views of each image, inside the saved graph: 1 "
+        "(the image), 2 (it and its mirror image), 4 (its quarter turns; square images), 8 (those and their mirror "
+        "images). Inference costs this many times one view; 4 decided like 8 on ELPV",
     )
     soft_targets: Optional[str] = Field(
         default=None,
@@ -235,6 +237,11 @@ class TrainConfig(ModelConfig):
         if self.distribution not in DISTRIBUTIONS:
             raise ModelConfigError(
                 f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}"
+            )
+        if self.test_time_views not in decision.TEST_TIME_VIEWS:
+            raise ModelConfigError(
+                f"test_time_views must be one of {decision.TEST_TIME_VIEWS} (setting 'test_time_views'), "
+                f"got {self.test_time_views!r}"
             )
         if resolved.schedule not in SCHEDULES:
             raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")

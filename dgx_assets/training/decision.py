@@ -20,7 +20,7 @@ POSITIVE_CLASS = "defective"
 class Decision:
     """How a model's probabilities become a class; recorded with the model, applied the same way everywhere."""
 
-    tta: bool = False  # the model averages the 8 dihedral views of each image in its own graph
+    views: int = 1  # the model averages this many `dihedral_views` of each image in its own graph
     threshold: float | None = None  # on P(positive); None: argmax
     positive_index: int | None = None  # the class the threshold is on
 
@@ -29,7 +29,10 @@ class Decision:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> Decision:
-        return cls(**{key: value for key, value in (values or {}).items() if key in cls.__dataclass_fields__})
+        values = dict(values or {})
+        if values.pop("tta", False):  # recorded before the view count was a setting: all 8
+            values.setdefault("views", 8)
+        return cls(**{key: value for key, value in values.items() if key in cls.__dataclass_fields__})
 
 
 def positive_index(class_names: Sequence[str]) -> int | None:
@@ -61,20 +64,28 @@ def choose_threshold(labels: np.ndarray, probabilities: np.ndarray, positive: in
     return float(tied[np.argmin(np.abs(tied - 0.5))])
 
 
-def dihedral_views(images: np.ndarray) -> list[np.ndarray]:
-    """The 8 flips and quarter turns of square [n, h, w, c] images (the 4 flips of non-square ones): the
-    orientations training augments over, so each is an image the model has learned to read."""
+# The square's 8 symmetries as (quarter turns counterclockwise, mirrored first), and the groups of them that
+# test-time augmentation may average (a group: no orientation weighs more than another). Four views are the
+# quarter turns: on ELPV they decide like all eight (BENCHMARKS.md section 10), the mirror images add nothing.
+DIHEDRAL = tuple((turns, mirrored) for mirrored in (False, True) for turns in range(4))
+VIEW_GROUPS = {1: (0,), 2: (0, 4), 4: (0, 1, 2, 3), 8: tuple(range(8))}
+TEST_TIME_VIEWS = tuple(VIEW_GROUPS)
+
+
+def dihedral_views(images: np.ndarray, count: int = 8) -> list[np.ndarray]:
+    """The `count` views of VIEW_GROUPS of [n, h, w, c] images: the image; and its mirror image (width
+    flipped); or its quarter turns; or all eight. Quarter turns need square images."""
+    if count not in VIEW_GROUPS:
+        raise ValueError(f"the views come in groups of {TEST_TIME_VIEWS}, not {count}")
+    if count >= 4 and images.shape[1] != images.shape[2]:
+        raise ValueError(f"quarter turns need square images, got {images.shape[1]}x{images.shape[2]}")
     views = []
-    for turns in range(4 if images.shape[1] == images.shape[2] else 1):
-        turned = np.rot90(images, k=turns, axes=(1, 2))
-        views += [turned, turned[:, :, ::-1]]
-    if images.shape[1] != images.shape[2]:
-        views += [images[:, ::-1], images[:, ::-1, ::-1]]
-    return [np.ascontiguousarray(view) for view in views]
+    for turns, mirrored in (DIHEDRAL[index] for index in VIEW_GROUPS[count]):
+        views.append(np.ascontiguousarray(np.rot90(images[:, :, ::-1] if mirrored else images, k=turns, axes=(1, 2))))
+    return views
 
 
-def predict(model: Any, images: np.ndarray, *, tta: bool = False, batch_size: int = 64) -> np.ndarray:
-    """Class probabilities of uint8/float pixel images; with `tta` the mean over the dihedral views."""
+def predict(model: Any, images: np.ndarray, *, views: int = 1, batch_size: int = 64) -> np.ndarray:
+    """Class probabilities of uint8/float pixel images: the mean over their `views` dihedral views."""
     images = np.asarray(images, dtype=np.float32)
-    views = dihedral_views(images) if tta else [images]
-    return np.mean([model.predict(view, batch_size=batch_size, verbose=0) for view in views], axis=0)
+    return np.mean([model.predict(view, batch_size=batch_size, verbose=0) for view in dihedral_views(images, views)], axis=0)

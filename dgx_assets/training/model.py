@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from dgx_assets.training.config import BACKBONES, EFFICIENTNET_LITE0, SCRATCH, ModelConfig, ModelConfigError
+from dgx_assets.training.decision import DIHEDRAL, VIEW_GROUPS
 
 # The classifier's named layers other code relies on: the input, the pooled features (the embedding
 # the feature job can reuse) and the softmax output.
@@ -80,22 +81,31 @@ def build_classifier(config: ModelConfig, input_shape: tuple[int, int, int], num
 VIEWS_SUFFIX = "_dihedral_views"
 
 
-def with_dihedral_views(classifier: Any) -> Any:
-    """The classifier deciding on the mean of its probabilities over the 8 flips and quarter turns of a square
-    image: test-time augmentation inside the graph, so the saved model, the edge model and Triton all do it (at
-    8 times the inference cost). Flips, transposes and an Average layer: plain Keras, plain TFLite ops."""
+def with_dihedral_views(classifier: Any, views: int) -> Any:
+    """The classifier deciding on the mean of its probabilities over `views` views of each image (the group
+    `decision.VIEW_GROUPS` names): test-time augmentation inside the graph, so the saved model, the edge model
+    and Triton all do it (at `views` times the inference cost). Flips, transposes and an Average layer: plain
+    Keras, plain TFLite ops."""
     import keras
 
+    if views == 1:
+        return classifier
     height, width, _ = classifier.input_shape[1:]
-    if height != width:
-        raise ModelConfigError(f"test_time_augmentation needs square inputs, got {height}x{width} (setting 'image_height')")
+    if views >= 4 and height != width:
+        raise ModelConfigError(
+            f"{views} views turn the image a quarter: they need square inputs, got {height}x{width} "
+            "(settings 'test_time_views', 'image_height')"
+        )
     pixels = keras.Input(classifier.input_shape[1:], name=INPUT_NAME)
-    image, views = pixels, []
-    for _ in range(4):
-        views += [image, keras.ops.flip(image, axis=2)]
-        image = keras.ops.flip(keras.ops.transpose(image, (0, 2, 1, 3)), axis=2)  # a quarter turn
-    mean = keras.layers.Average(name=OUTPUT_NAME)([classifier(view) for view in views])
-    return keras.Model(pixels, mean, name=classifier.name + VIEWS_SUFFIX)
+
+    def view(turns: int, mirrored: bool):
+        image = keras.ops.flip(pixels, axis=2) if mirrored else pixels
+        for _ in range(turns):  # counterclockwise, as numpy's rot90: the transpose, flipped upside down
+            image = keras.ops.flip(keras.ops.transpose(image, (0, 2, 1, 3)), axis=1)
+        return image
+
+    outputs = [classifier(view(*DIHEDRAL[index])) for index in VIEW_GROUPS[views]]
+    return keras.Model(pixels, keras.layers.Average(name=OUTPUT_NAME)(outputs), name=classifier.name + VIEWS_SUFFIX)
 
 
 def single_view(model: Any) -> Any:

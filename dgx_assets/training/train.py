@@ -99,8 +99,7 @@ def train_classifier(
         model, files, index, config, global_batch, checkpoint_dir, on_epoch_end, extra_callbacks
     )
 
-    if config.test_time_augmentation:
-        model = with_dihedral_views(model)
+    model = with_dihedral_views(model, config.test_time_views)
     decision = choose_decision(model, files, index, config, global_batch)
     test = evaluate(model, make_dataset(files, index, "test", global_batch), index, decision)
     return TrainingResult(
@@ -291,9 +290,9 @@ def choose_decision(model: Any, files: FeatureFiles, index: FeatureIndex, config
     the threshold, when tuned, from the validation split."""
     positive = decision_rules.positive_index(index.class_names)
     if not config.tune_threshold or positive is None:
-        return Decision(config.test_time_augmentation, None, positive)
+        return Decision(config.test_time_views, None, positive)
     labels, probabilities = split_predictions(model, make_dataset(files, index, "validation", batch))
-    return Decision(config.test_time_augmentation, decision_rules.choose_threshold(labels, probabilities, positive), positive)
+    return Decision(config.test_time_views, decision_rules.choose_threshold(labels, probabilities, positive), positive)
 
 
 def evaluate(model: Any, test_data: Any, index: FeatureIndex, decision: Decision | None = None) -> TestEvaluation:

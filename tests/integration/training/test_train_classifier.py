@@ -124,20 +124,44 @@ def test_report_on_known_predictions():
     assert report.confusion_matrix == [[1, 0], [1, 2]]
 
 
+@pytest.mark.parametrize("height, width, views", [(16, 16, 2), (16, 16, 4), (12, 16, 2)])
+def test_the_views_in_the_graph_are_the_numpy_views(height, width, views):
+    from dgx_assets.training import decision
+    from dgx_assets.training.model import build_classifier, with_dihedral_views
+
+    classifier = build_classifier(TrainConfig(backbone="scratch", width=4).model, (height, width, 1), num_classes=2)
+    model = with_dihedral_views(classifier, views)
+    images = np.random.default_rng(1).uniform(0, 255, (3, height, width, 1)).astype("float32")
+    expected = decision.predict(classifier, images, views=views)
+    np.testing.assert_allclose(model.predict(images, verbose=0), expected, atol=1e-5)
+    assert with_dihedral_views(classifier, 1) is classifier
+
+
+def test_quarter_turns_of_oblong_inputs_are_refused():
+    from dgx_assets.training.model import build_classifier, with_dihedral_views
+
+    classifier = build_classifier(TrainConfig(backbone="scratch", width=4).model, (12, 16, 1), num_classes=2)
+    for views in (4, 8):
+        with pytest.raises(ModelConfigError, match="square"):
+            with_dihedral_views(classifier, views)
+    with pytest.raises(ModelConfigError, match="test_time_views"):
+        TrainConfig(test_time_views=3).check()
+
+
 def test_the_decision_rule_is_chosen_on_validation_and_travels_with_the_saved_model(feature_files, small_train_config, tmp_path):
     from dgx_assets.edge.convert import EdgeConversionConfig, convert_to_tflite
     from dgx_assets.training import decision
     from dgx_assets.training.model import single_view
 
-    config = small_train_config.model_copy(update={"test_time_augmentation": True, "tune_threshold": True})
+    config = small_train_config.model_copy(update={"test_time_views": 8, "tune_threshold": True})
     result = train_classifier(feature_files, config, str(tmp_path / "ckpt"))
-    assert result.decision.tta and result.decision.positive_index == 0  # "defective"
+    assert result.decision.views == 8 and result.decision.positive_index == 0  # "defective"
     assert 0.0 < result.decision.threshold < 1.0
 
     # The dihedral views live in the graph: the saved file is plain Keras and averages exactly what the
     # numpy views of the one-view classifier give.
     images = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 1)).astype("float32")
-    expected = decision.predict(single_view(result.model), images, tta=True)
+    expected = decision.predict(single_view(result.model), images, views=8)
     result.model.save(tmp_path / "model.keras")
     loaded = keras.models.load_model(tmp_path / "model.keras", compile=False)
     np.testing.assert_allclose(loaded.predict(images, verbose=0), expected, atol=1e-5)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dgx_assets.training.decision import Decision, choose_threshold, decide, dihedral_views, positive_index
+from dgx_assets.training.decision import TEST_TIME_VIEWS, Decision, choose_threshold, decide, dihedral_views, positive_index
 
 
 def test_the_positive_class_is_defective_or_the_second_of_two():
@@ -29,15 +29,35 @@ def test_decide_applies_the_threshold_only_with_two_classes():
     assert decide(probabilities, 0.65, None).tolist() == [1, 0]  # more than two classes: argmax
 
 
-def test_the_dihedral_views_are_the_eight_symmetries_of_a_square():
+def test_the_dihedral_views_are_the_symmetries_of_a_square_in_groups():
     image = np.arange(9, dtype=np.float32).reshape(1, 3, 3, 1)
-    views = {tuple(view.ravel()) for view in dihedral_views(image)}
-    assert len(views) == 8
-    assert tuple(image.ravel()) in views and tuple(image[:, ::-1, ::-1].ravel()) in views
-    assert len(dihedral_views(np.zeros((1, 3, 4, 1)))) == 4  # not square: flips only
+    views = [tuple(view.ravel()) for view in dihedral_views(image)]
+    assert len(set(views)) == 8
+    turns = {tuple(np.rot90(image, k, axes=(1, 2)).ravel()) for k in range(4)}
+    assert views[0] == tuple(image.ravel())
+    assert set(tuple(v.ravel()) for v in dihedral_views(image, 4)) == turns
+    assert [tuple(v.ravel()) for v in dihedral_views(image, 2)] == [views[0], tuple(image[:, :, ::-1].ravel())]
+    # Each count is a group: composing two of its views gives a third, so no orientation counts twice.
+    for count in TEST_TIME_VIEWS:
+        group = {tuple(v.ravel()) for v in dihedral_views(image, count)}
+        assert len(group) == count
+        for view in dihedral_views(image, count):
+            assert {tuple(v.ravel()) for v in dihedral_views(view, count)} == group
+
+
+def test_views_other_than_a_group_and_quarter_turns_of_oblong_images_are_refused():
+    oblong = np.zeros((1, 3, 4, 1))
+    assert len(dihedral_views(oblong, 2)) == 2  # the mirror image needs no square
+    for count in (4, 8):
+        with pytest.raises(ValueError, match="square"):
+            dihedral_views(oblong, count)
+    with pytest.raises(ValueError, match="groups"):
+        dihedral_views(oblong, 3)
 
 
 def test_a_decision_round_trips_through_model_info():
-    decision = Decision(tta=True, threshold=0.58, positive_index=0)
+    decision = Decision(views=4, threshold=0.58, positive_index=0)
     assert Decision.from_dict(decision.to_dict() | {"unknown": 1}) == decision
     assert Decision.from_dict(None) == Decision()
+    # model_info.json of models trained before the count was a setting: a flag for all eight.
+    assert Decision.from_dict({"tta": True, "threshold": 0.44, "positive_index": 0}).views == 8
