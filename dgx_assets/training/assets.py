@@ -22,7 +22,7 @@ from dgx_assets.tuning.best_config import SEARCH_ASSET
 TRAINING_OWNERS = ["team:ml-platform"]
 TRAINING_GROUP = "training"
 FEATURES_CODE_VERSION = "1"
-TRAINED_MODEL_CODE_VERSION = "5"  # 4: dihedral views and threshold; 5: the 4 quarter turns
+TRAINED_MODEL_CODE_VERSION = "6"  # 5: the 4 quarter turns; 6: 5 epochs
 # What each image_features column means, for the column schema the UI shows.
 IMAGE_FEATURES_COLUMNS = {
     "sha256": "content hash of the source image (its id)",

@@ -145,10 +145,10 @@ class Recipe(BaseModel):
 
 
 # Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
-# a high one halved on plateaus. Why 7 epochs for Lite0: docs/decisions/0003-lite0-recipe.md.
+# a high one halved on plateaus. Why 5 epochs for Lite0: docs/decisions/0003-lite0-recipe.md.
 RECIPES = {
     EFFICIENTNET_LITE0: Recipe(
-        epochs=7, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False
+        epochs=5, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False
     ),
     SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau", class_weighting=True),
 }
