@@ -49,11 +49,9 @@ class FoldResult:
     fold: int
     labels: np.ndarray
     probabilities: np.ndarray  # what trained_model reports: its own decision path (TTA if the recipe has it)
-    plain: np.ndarray  # one view, for the ablation
-    tta: np.ndarray  # 8 dihedral views, for the ablation
     threshold: float | None  # trained_model's own (None unless the recipe tunes it)
-    plain_threshold: float  # chosen on the fold's validation split, for the ablation
-    tta_threshold: float
+    # Per set of dihedral views (VIEW_SETS): the mean test probabilities and the threshold chosen on validation.
+    views: dict[str, tuple[np.ndarray, float]]
     seconds: float
     best_epoch: int | None
     edge: dict = field(default_factory=dict)
@@ -154,6 +152,27 @@ def tensors(table, split_column: np.ndarray, split: str) -> np.ndarray:
     return np.stack([tensor_from_row(tensor[int(i)].as_py(), shape[int(i)].as_py()) for i in rows])
 
 
+# Groups of `decision.dihedral_views`' 8 views (the image's 4 quarter turns, then those of its mirror image): what
+# each number of views at inference gives, measured on the same fold models. The first four are the product's
+# `test_time_views` (RECIPE_VIEWS); the other two, other groups of as many views.
+VIEW_SETS = {
+    "one_view": (0,),
+    "two_views_flip": (0, 4),
+    "four_views_turns": (0, 1, 2, 3),
+    "eight_views": tuple(range(8)),
+    "two_views_half_turn": (0, 2),
+    "four_views_flips": (0, 4, 2, 6),
+}
+RECIPE_VIEWS = {1: "one_view", 2: "two_views_flip", 4: "four_views_turns", 8: "eight_views"}
+
+
+def view_probabilities(model, images: np.ndarray) -> np.ndarray:
+    """[view, image, class] probabilities of the one-view classifier over the 8 dihedral views."""
+    from dgx_assets.training import decision
+
+    return np.stack([decision.predict(model, view) for view in decision.dihedral_views(images)])
+
+
 def run_fold(fold: int, table, split: np.ndarray, train_config, workdir: Path, edge_settings) -> FoldResult:
     import pyarrow as pa
     import pyarrow.fs as pafs
@@ -177,21 +196,15 @@ def run_fold(fold: int, table, split: np.ndarray, train_config, workdir: Path, e
     labels_of = lambda which: np.array([ids[v] for v in np.asarray(table.column("label"))[split == which]])  # noqa: E731
     test_images, validation_images = tensors(table, split, "test"), tensors(table, split, "validation")
     positive = decision.positive_index(names)
+    base = single_view(result.model)  # the ablation averages the views of the one-view classifier
+    validation, test = view_probabilities(base, validation_images), view_probabilities(base, test_images)
     views = {}
-    base = single_view(result.model)  # the ablation computes both ways from the one-view classifier
-    for tta in (False, True):
-        validation = decision.predict(base, validation_images, tta=tta)
-        threshold = decision.choose_threshold(labels_of("validation"), validation, positive)
-        views[tta] = (decision.predict(base, test_images, tta=tta), threshold)
+    for name, subset in VIEW_SETS.items():
+        threshold = decision.choose_threshold(labels_of("validation"), validation[list(subset)].mean(0), positive)
+        views[name] = (test[list(subset)].mean(0), threshold)
     recipe = result.decision
-    probabilities = views[recipe.tta][0]
-    np.savez(
-        workdir.parent / f"fold-{fold}-predictions.npz",
-        labels=labels_of("test"),
-        plain=views[False][0],
-        tta=views[True][0],
-        thresholds=[views[False][1], views[True][1]],
-    )
+    probabilities = views[RECIPE_VIEWS[recipe.views]][0]
+    np.savez(workdir.parent / f"fold-{fold}-predictions.npz", labels=labels_of("test"), validation=validation, test=test)
     result.model.save(workdir.parent / f"fold-{fold}.keras")
     edge = {}
     if edge_settings is not None:
@@ -200,11 +213,8 @@ def run_fold(fold: int, table, split: np.ndarray, train_config, workdir: Path, e
         fold,
         labels_of("test"),
         probabilities,
-        views[False][0],
-        views[True][0],
         recipe.threshold,
-        views[False][1],
-        views[True][1],
+        views,
         seconds,
         result.best_epoch,
         edge,
@@ -248,17 +258,17 @@ RAW_CONTENT: dict[str, bytes] = {}
 PROBABILITY: dict[str, float] = {}  # ELPV's expert defect probability per image
 
 
-def pooled(results: list[FoldResult], key: str = "probabilities", threshold: str | None = "threshold") -> dict:
-    """Pooled figures of one decision path: the probabilities `key`, at each fold's threshold `threshold`."""
+def pooled(results: list[FoldResult], views: str | None = None, tuned: bool = True) -> dict:
+    """Pooled figures of one decision path: trained_model's own, or the mean over the view set `views` at each
+    fold's validation threshold (`tuned`) or at argmax."""
     from dgx_assets.training import decision
     from dgx_assets.training.train import wilson_interval
 
     labels = np.concatenate([r.labels for r in results])
     positive = decision.positive_index(["defective", "functional"])
-    decided = np.concatenate(
-        [decision.decide(getattr(r, key), getattr(r, threshold) if threshold else None, positive) for r in results]
-    )
-    probabilities = np.concatenate([getattr(r, key) for r in results])
+    paths = [(r.probabilities, r.threshold) if views is None else r.views[views] for r in results]
+    decided = np.concatenate([decision.decide(p, threshold if tuned else None, positive) for p, threshold in paths])
+    probabilities = np.concatenate([p for p, _ in paths])
     from sklearn.metrics import f1_score, roc_auc_score
 
     correct = int((decided == labels).sum())
@@ -319,12 +329,8 @@ def run(report: Report, args) -> None:
 
 def summarise(report: Report, results: list[FoldResult], train_config, feature_config, wall_s: float, args) -> None:
     figures = pooled(results)
-    ablation = {
-        "one_view_argmax": pooled(results, "plain", None),
-        "one_view_threshold": pooled(results, "plain", "plain_threshold"),
-        "tta_argmax": pooled(results, "tta", None),
-        "tta_threshold": pooled(results, "tta", "tta_threshold"),
-    }
+    ablation = {f"{name}_argmax": pooled(results, name, tuned=False) for name in ("one_view", "eight_views")}
+    ablation |= {f"{name}_threshold": pooled(results, name) for name in VIEW_SETS}
     edge = [r.edge for r in results if r.edge]
     formats = sorted({e["format"] for e in edge})
     edge_accuracy = sum(e["edge_correct"] for e in edge) / sum(e["images"] for e in edge) if edge else None
@@ -339,7 +345,7 @@ def summarise(report: Report, results: list[FoldResult], train_config, feature_c
                 "images": len(r.labels),
                 "accuracy": pooled([r])["accuracy"],
                 "threshold": r.threshold,
-                "thresholds_chosen": {"one_view": r.plain_threshold, "tta": r.tta_threshold},
+                "thresholds_chosen": {name: threshold for name, (_, threshold) in r.views.items()},
                 "best_epoch": r.best_epoch,
                 "seconds": round(r.seconds, 1),
                 "edge": r.edge,
@@ -383,8 +389,12 @@ def log_to_mlflow(record: dict) -> None:
     import mlflow
 
     from dgx_assets import settings
+    from dgx_assets.tracking.store import default_artifact_location
 
-    mlflow.set_tracking_uri(settings.mlflow_tracking_uri())
+    uri = settings.mlflow_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(EXPERIMENT) is None:  # artifacts beside the store, not in ./mlruns
+        mlflow.create_experiment(EXPERIMENT, artifact_location=default_artifact_location(uri))
     experiment = mlflow.set_experiment(EXPERIMENT)
     mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind", "custom_model_development")
     with mlflow.start_run(run_name=record["recipe"]["label"] or "model_cv"):
