@@ -34,10 +34,11 @@ def stand_in_trained_model(model_path):
     def trained_model(config: StandInCheckConfig, lake: LakeResource, mlflow: MlflowResource) -> dg.MaterializeResult:
         from mlflow import MlflowClient
 
+        from dgx_assets.tracking.store import ensure_experiment
+
         client = MlflowClient(tracking_uri=mlflow.resolved_tracking_uri)
-        experiment = client.get_experiment_by_name(mlflow.experiment_name)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(mlflow.experiment_name)
-        run = client.create_run(experiment_id)
+        # As trained_model makes it: artifacts beside the sqlite store, not in ./mlruns of the test's directory.
+        run = client.create_run(ensure_experiment(client, mlflow.experiment_name, mlflow.resolved_tracking_uri))
         client.set_terminated(run.info.run_id)
         if not client.search_registered_models(f"name='{mlflow.registered_model_name}'"):
             client.create_registered_model(mlflow.registered_model_name)
