@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import REPO, Report, main, work_dir
+from dgx_assets.training.decision import VIEW_GROUPS
 
 NAME = "model_cv"
 EXPERIMENT = "dgx_assets_model_cv"
@@ -153,17 +154,13 @@ def tensors(table, split_column: np.ndarray, split: str) -> np.ndarray:
 
 
 # Groups of `decision.dihedral_views`' 8 views (the image's 4 quarter turns, then those of its mirror image): what
-# each number of views at inference gives, measured on the same fold models. The first four are the product's
-# `test_time_views` (RECIPE_VIEWS); the other two, other groups of as many views.
-VIEW_SETS = {
-    "one_view": (0,),
-    "two_views_flip": (0, 4),
-    "four_views_turns": (0, 1, 2, 3),
-    "eight_views": tuple(range(8)),
+# each number of views at inference gives, measured on the same fold models. The product's `test_time_views`
+# (RECIPE_VIEWS, their groups from decision.VIEW_GROUPS), then the other groups of 2 and 4 views.
+RECIPE_VIEWS = {1: "one_view", 2: "two_views_flip", 4: "four_views_turns", 8: "eight_views"}
+VIEW_SETS = {name: VIEW_GROUPS[count] for count, name in RECIPE_VIEWS.items()} | {
     "two_views_half_turn": (0, 2),
     "four_views_flips": (0, 4, 2, 6),
 }
-RECIPE_VIEWS = {1: "one_view", 2: "two_views_flip", 4: "four_views_turns", 8: "eight_views"}
 
 
 def view_probabilities(model, images: np.ndarray) -> np.ndarray:

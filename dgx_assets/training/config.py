@@ -185,7 +185,7 @@ class TrainConfig(ModelConfig):
         default=4,
         description="Decide on the mean probabilities of this many views of each image, inside the saved graph: 1 "
         "(the image), 2 (it and its mirror image), 4 (its quarter turns; square images), 8 (those and their mirror "
-        "images). Inference costs this many times one view; 4 decided like 8 on ELPV",
+        "images). Inference costs this many times one view; 4 decided like 8 in ELPV's cross-validation",
     )
     soft_targets: Optional[str] = Field(
         default=None,

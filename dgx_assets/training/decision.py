@@ -66,10 +66,15 @@ def choose_threshold(labels: np.ndarray, probabilities: np.ndarray, positive: in
 
 # The square's 8 symmetries as (quarter turns counterclockwise, mirrored first), and the groups of them that
 # test-time augmentation may average (a group: no orientation weighs more than another). Four views are the
-# quarter turns: on ELPV they decide like all eight (BENCHMARKS.md section 10), the mirror images add nothing.
+# quarter turns: in ELPV's cross-validation they decided like all eight (BENCHMARKS.md section 10).
 DIHEDRAL = tuple((turns, mirrored) for mirrored in (False, True) for turns in range(4))
 VIEW_GROUPS = {1: (0,), 2: (0, 4), 4: (0, 1, 2, 3), 8: tuple(range(8))}
 TEST_TIME_VIEWS = tuple(VIEW_GROUPS)
+
+
+def turns_a_quarter(count: int) -> bool:
+    """Whether the group of `count` views turns images a quarter, which only square images survive."""
+    return any(DIHEDRAL[index][0] % 2 for index in VIEW_GROUPS[count])
 
 
 def dihedral_views(images: np.ndarray, count: int = 8) -> list[np.ndarray]:
@@ -77,7 +82,7 @@ def dihedral_views(images: np.ndarray, count: int = 8) -> list[np.ndarray]:
     flipped); or its quarter turns; or all eight. Quarter turns need square images."""
     if count not in VIEW_GROUPS:
         raise ValueError(f"the views come in groups of {TEST_TIME_VIEWS}, not {count}")
-    if count >= 4 and images.shape[1] != images.shape[2]:
+    if turns_a_quarter(count) and images.shape[1] != images.shape[2]:
         raise ValueError(f"quarter turns need square images, got {images.shape[1]}x{images.shape[2]}")
     views = []
     for turns, mirrored in (DIHEDRAL[index] for index in VIEW_GROUPS[count]):

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from dgx_assets.training.config import BACKBONES, EFFICIENTNET_LITE0, SCRATCH, ModelConfig, ModelConfigError
-from dgx_assets.training.decision import DIHEDRAL, VIEW_GROUPS
+from dgx_assets.training.decision import DIHEDRAL, VIEW_GROUPS, turns_a_quarter
 
 # The classifier's named layers other code relies on: the input, the pooled features (the embedding
 # the feature job can reuse) and the softmax output.
@@ -91,7 +91,7 @@ def with_dihedral_views(classifier: Any, views: int) -> Any:
     if views == 1:
         return classifier
     height, width, _ = classifier.input_shape[1:]
-    if views >= 4 and height != width:
+    if turns_a_quarter(views) and height != width:
         raise ModelConfigError(
             f"{views} views turn the image a quarter: they need square inputs, got {height}x{width} "
             "(settings 'test_time_views', 'image_height')"
