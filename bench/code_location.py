@@ -142,7 +142,7 @@ def scandir_walk(root: str) -> dict[str, list[tuple[str, int, int]]]:
 def sensor_tick(instance, lake_resource, cursor: str | None):
     import dagster as dg
 
-    from dgx_assets.ingest.sensors import landing_zone_sensor
+    from dgx_assets.defs.ingest.sensors import landing_zone_sensor
 
     context = dg.build_sensor_context(cursor=cursor, instance=instance, resources={"lake": lake_resource})
     return landing_zone_sensor(context)
@@ -153,8 +153,8 @@ def bench_sensor(report: Report, repeats: int, files: int, batches: int) -> None
 
     import dagster as dg
 
+    from dgx_assets.defs.resources import LakeResource
     from dgx_assets.ingest.landing import scan_landing
-    from dgx_assets.resources import LakeResource
 
     logging.disable(logging.INFO)  # the sensor's "not ready yet" line, once per tick, naming every batch
     landing = landing_zone(files, batches)

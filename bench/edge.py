@@ -83,7 +83,7 @@ def build_lake(root: Path, limit: int | None, epochs: int) -> dict:
     import pyarrow.fs as pafs
 
     from dgx_assets.ingest import images
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
     from dgx_assets.training.config import FeatureConfig, TrainConfig
     from dgx_assets.training.dataset import FeatureFiles
     from dgx_assets.training.features import FEATURE_SCHEMA, compute_features
@@ -148,7 +148,7 @@ def commit_one_file(tables, name: str, table) -> str:
     """One batch `bench` of the table, committed as the assets commit theirs; returns its file's path."""
     import pyarrow.parquet as pq
 
-    from dgx_assets.lake import filesystem_for
+    from dgx_assets.lake.files import filesystem_for
 
     written = []
 
@@ -251,7 +251,7 @@ def request_peak_memory_mib(model_dir: Path) -> float:
 
     from PIL import Image
 
-    from dgx_assets.edge.runtime import DEFAULT_MAX_PIXELS
+    from dgx_assets.station.runtime import DEFAULT_MAX_PIXELS
 
     side = int((DEFAULT_MAX_PIXELS // 2) ** 0.5)  # 2 bytes a pixel
     png = io.BytesIO()
@@ -270,7 +270,7 @@ def request_peak_memory_mib(model_dir: Path) -> float:
 
 
 def report_request_peak_memory(report: Report, model_dir: Path) -> None:
-    from dgx_assets.edge.kubeedge import edge_deployment
+    from dgx_assets.fleet.kubeedge import edge_deployment
 
     [container] = edge_deployment("m", "1")["spec"]["template"]["spec"]["containers"]
     pod_limit_mib = float(container["resources"]["limits"]["memory"].removesuffix("Mi"))
@@ -281,7 +281,7 @@ def run(report: Report, args) -> None:
     isolate_state(NAME)
     from dgx_assets.edge.build import build_edge_model
     from dgx_assets.edge.config import EdgeModelConfig
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
 
     if not args.lake:
         root = build_lake_in_a_process(report, args)

@@ -62,7 +62,7 @@ def spark_session():
     """The project's default local Spark session (`SparkResource()`), started once and kept."""
     import dagster as dg
 
-    from dgx_assets.spark.resource import SparkResource
+    from dgx_assets.defs.resources import SparkResource
 
     with dg.build_resources({"spark": SparkResource()}) as resources:
         return resources.spark.spark_session
@@ -72,7 +72,7 @@ def ingest(spark, landing: Path, batch: str, lake_root: Path):
     """raw_images for one batch via the project's Spark ingest, committed to a lake's table (untimed input
     preparation, once); the batch's files in the table's snapshot."""
     from dgx_assets.ingest import images, spark_ingest
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
 
     tables = Lake(str(lake_root)).tables
     if not tables.snapshot("raw_images", batch=batch).uris:

@@ -131,8 +131,7 @@ class Project:
     def __init__(self, report: Report, lake_root: Path, writer: str = "arrow"):
         import dagster as dg
 
-        from dgx_assets.resources import LakeResource
-        from dgx_assets.spark.resource import SparkResource
+        from dgx_assets.defs.resources import LakeResource, SparkResource
 
         self.dg = dg
         self.lake_root = lake_root
@@ -150,7 +149,7 @@ class Project:
             return resources.spark.spark_session.range(1).count()
 
     def materialize(self, landing: Path, batch: str):
-        from dgx_assets.ingest.assets import raw_images
+        from dgx_assets.defs.ingest.assets import raw_images
 
         self.instance.add_dynamic_partitions("image_batches", [batch])
         lake = self.lake_resource(root=str(self.lake_root), landing=str(landing), table_writer=self.writer)
@@ -166,7 +165,7 @@ class Project:
 
     def partition(self, batch: str):
         """The batch's data files in the table's current snapshot."""
-        from dgx_assets.lake import Lake
+        from dgx_assets.lake.store import Lake
 
         return Lake(str(self.lake_root)).tables.require("raw_images", batch)
 

@@ -125,11 +125,10 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
 
     import dagster as dg
 
-    from dgx_assets.generation.assets import ernie_generated_images
-    from dgx_assets.generation.resources import ErnieServingResource
-    from dgx_assets.lake import Lake
-    from dgx_assets.resources import LakeResource
-    from dgx_assets.spark.resource import SparkResource
+    from dgx_assets.defs.generation.assets import ernie_generated_images
+    from dgx_assets.defs.generation.resources import ErnieServingResource
+    from dgx_assets.defs.resources import LakeResource, SparkResource
+    from dgx_assets.lake.store import Lake
 
     logging.getLogger("dagster").setLevel(logging.WARNING)
     prompts = out_dir / "prompts.csv"
@@ -156,7 +155,7 @@ def child(count: int, endpoints: list[str], out_dir: Path) -> dict:
 def verify(count: int, out_dir: Path) -> dict:
     """What the saver wrote, read here and not in the measured process (so the check costs it no memory)."""
     from dgx_assets.generation.table import summarize, written_dataset
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
 
     lake = Lake(str(out_dir / "lake"))
     table = written_dataset(lake)

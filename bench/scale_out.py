@@ -35,10 +35,9 @@ def _materialize(lake: str, keys: list[str]) -> None:
     """One Dagster run of raw_images over `keys` in this (fresh) process: its own SparkSession."""
     import dagster as dg
 
-    from dgx_assets.ingest.assets import raw_images
+    from dgx_assets.defs.ingest.assets import raw_images
+    from dgx_assets.defs.resources import LakeResource, SparkResource
     from dgx_assets.partitions import image_batches
-    from dgx_assets.resources import LakeResource
-    from dgx_assets.spark.resource import SparkResource
     from tests.support.backfill_tags import RANGE_END, RANGE_START
 
     with dg.instance_for_test() as instance:
@@ -69,7 +68,7 @@ def _run_process(lake: str, keys: list[str]) -> float:
 def _rows(lake: str, keys: list[str]) -> list[tuple]:
     from pyiceberg.expressions import EqualTo
 
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
 
     store = Lake(lake)
     rows = []

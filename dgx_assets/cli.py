@@ -49,13 +49,21 @@ def _docs_server(args: argparse.Namespace) -> int:
 EDGE_COMMANDS = ("edge-run", "edge-fetch", "edge-manifest")
 
 
+def _register_station_commands(commands) -> None:
+    """`edge-run` (the station's runtime), `edge-fetch` and `edge-manifest` (the operator's tools); LiteRT and MLflow
+    load when they run."""
+    from dgx_assets.fleet import commands as fleet_commands
+    from dgx_assets.station import commands as station_commands
+
+    station_commands.register(commands)
+    fleet_commands.register(commands)
+
+
 def build_parser(edge_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dgx-assets", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     if edge_only:
-        from dgx_assets.edge import commands as edge_commands
-
-        edge_commands.register(commands)
+        _register_station_commands(commands)
         return parser
 
     seed = commands.add_parser("seed-demo", help="fill the landing zone from the ELPV package and write the demo prompts")
@@ -90,10 +98,8 @@ def build_parser(edge_only: bool = False) -> argparse.ArgumentParser:
     from dgx_assets.serving import commands as serving_commands
 
     serving_commands.register(commands)  # `serve` and `build-generator`; paddle is imported only when they run
-    from dgx_assets.edge import commands as edge_commands
-
-    edge_commands.register(commands)  # `edge-run`, `edge-fetch`, `edge-manifest`; LiteRT/MLflow load when they run
-    from dgx_assets import lake_commands
+    _register_station_commands(commands)
+    from dgx_assets.lake import commands as lake_commands
 
     lake_commands.register(commands)  # `lake snapshots|export|maintain|migrate`: the Iceberg tables
     return parser

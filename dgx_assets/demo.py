@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from dgx_assets.lake import filesystem_for
+from dgx_assets.lake.files import filesystem_for
 from dgx_assets.progress import progress_of
 
 DEFECT_THRESHOLD = 0.5  # ELPV gives expert defect probabilities 0, 1/3, 2/3, 1
@@ -82,7 +82,7 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     import dagster as dg
 
     from dgx_assets import settings
-    from dgx_assets.definitions import RESOURCES, defs
+    from dgx_assets.definitions import defs as code_location
     from dgx_assets.ingest.landing import scan_landing
     from dgx_assets.partitions import IMAGE_BATCHES
 
@@ -99,7 +99,8 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         print(f"Seeded {sum(counts.values())} ELPV images into {landing} ({len(counts)} batches)")
     ready = [name for name, state in scan_landing(landing).items() if state.complete]
 
-    generator = _build_generator_in_background(RESOURCES["ernie"])
+    defs = code_location()
+    generator = _build_generator_in_background((defs.resources or {})["ernie"])
     instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the repository's dagster.yaml, so the UI shows these runs
     instance.add_dynamic_partitions(IMAGE_BATCHES, ready)
     per_batch, whole = demo_selection(defs)
@@ -411,7 +412,7 @@ def _check_name(evaluation) -> str:
 
 def _held_back(materialization) -> str | None:
     """Why a materialization records a held-back decision (champion_model's), or None."""
-    from dgx_assets.edge.champion import held_back_summary
+    from dgx_assets.defs.edge.champion import held_back_summary
 
     return held_back_summary({key: getattr(value, "value", value) for key, value in materialization.metadata.items()})
 

@@ -91,7 +91,7 @@ def column_schema(arrow_schema, descriptions: Mapping[str, str]) -> dg.TableSche
 def table_snapshot(lake, table: str, snapshot_id: int) -> dict[str, dg.MetadataValue]:
     """Which Iceberg table and snapshot a materialization committed: the lineage a reader can go back to.
     The id is text: 64-bit snapshot ids lose digits as JavaScript numbers in the UI."""
-    from dgx_assets.catalog import NAMESPACE
+    from dgx_assets.lake.tables import NAMESPACE
 
     location = lake.tables.table(table).location()
     return {

@@ -53,7 +53,7 @@ def _state_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def spark_resource():
-    from dgx_assets.spark.resource import SparkResource
+    from dgx_assets.defs.resources import SparkResource
 
     return SparkResource(spark_conf=TEST_SPARK_CONF)
 

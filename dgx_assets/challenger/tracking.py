@@ -12,7 +12,7 @@ from typing import Any
 
 from dgx_assets.challenger.config import ChallengerConfig
 from dgx_assets.challenger.xgb import ChallengerResult, train_challenger
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.tracking.lineage import (
     DagsterLineage,
     dataset_digest,

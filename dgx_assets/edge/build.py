@@ -30,11 +30,11 @@ import numpy as np
 from dgx_assets.config_parts import part_of
 from dgx_assets.edge import convert, parity, triton
 from dgx_assets.edge.config import EdgeModelConfig
-from dgx_assets.edge.fetch import record_edge_model_digest
 from dgx_assets.edge.ladder import EdgeInputs, FormatTrial, LadderOutcome, run_ladder
-from dgx_assets.edge.runtime import CONTRACT_FILE, MLFLOW_ARTIFACT_DIR, MODEL_FILE  # what edge-run/edge-fetch read
-from dgx_assets.edge.tflite_metadata import embed_contract
-from dgx_assets.lake import Lake
+from dgx_assets.fleet.fetch import record_edge_model_digest
+from dgx_assets.lake.store import Lake
+from dgx_assets.station.runtime import CONTRACT_FILE, MLFLOW_ARTIFACT_DIR, MODEL_FILE  # what edge-run/edge-fetch read
+from dgx_assets.station.tflite_metadata import embed_contract
 from dgx_assets.training.decision import Decision
 
 EDGE_ASSET = "edge_model"

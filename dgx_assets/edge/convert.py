@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 # The device side (names, decoding) lives where the edge runtime imports it without TensorFlow or pydantic.
-from dgx_assets.edge.device import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY, decode_to_raw  # noqa: F401
+from dgx_assets.station.device import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY, decode_to_raw  # noqa: F401
 
 # What a conversion produces; `auto` (ConversionSettings only) is the format ladder of edge/ladder.py.
 QUANTIZATIONS = ("int8", "float16", "float32", "dynamic")

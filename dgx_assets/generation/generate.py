@@ -43,7 +43,7 @@ _LAKES: dict = {}
 
 
 def _lake(root: str):
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
 
     if root not in _LAKES:
         _LAKES[root] = Lake(root)

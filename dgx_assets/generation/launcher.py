@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from dgx_assets import settings
-from dgx_assets.locks import file_lock
+from dgx_assets.lake.locks import file_lock
 
 # What a generator folder holds; build_generator moves them in in this order, so the metadata arriving means all are whole.
 MODEL_FILES = ("generator.json", "generator.pdiparams", "generator_meta.json")

@@ -10,7 +10,7 @@ import csv
 import io
 import posixpath
 
-from dgx_assets.lake import filesystem_for
+from dgx_assets.lake.files import filesystem_for
 
 COLUMNS = ("id", "prompt", "width", "height", "seed", "label")
 

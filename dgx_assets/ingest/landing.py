@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from dgx_assets.ingest.images import BAD_NAME, SPECIAL_FILE, SYMLINK, UNLISTABLE
-from dgx_assets.lake import filesystem_for, has_hidden_part
+from dgx_assets.lake.files import filesystem_for, has_hidden_part
 
 # HDFS `put` writes `<name>._COPYING_` and renames at the end; other tools leave these while writing.
 IN_PROGRESS_SUFFIXES = ("._COPYING_", ".tmp", ".part", ".crdownload")

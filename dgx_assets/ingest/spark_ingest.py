@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import pyarrow as pa
 
 from dgx_assets.ingest import images
-from dgx_assets.lake import worker_filesystem
+from dgx_assets.lake.files import worker_filesystem
 from dgx_assets.spark.chunks import map_chunks, pack
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def list_batch(batch_uri: str, landed: LandedBatch | None = None) -> list[Listed
     from urllib.parse import urlparse
 
     from dgx_assets.ingest.landing import look_at_batch
-    from dgx_assets.lake import normalize_uri
+    from dgx_assets.lake.files import normalize_uri
 
     landed = landed or look_at_batch(batch_uri)
     uri = urlparse(normalize_uri(batch_uri))

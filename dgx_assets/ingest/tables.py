@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from dgx_assets.ingest import images
-from dgx_assets.lake import PARTITION_COLUMN, Lake
+from dgx_assets.lake.files import PARTITION_COLUMN
+from dgx_assets.lake.store import Lake
 
 TABLE = "raw_images"
 SUMMARY_COLUMNS = ["path", "label", "size_bytes", "sha256", "format", "width", "height", "mode", "status", "reason", "split"]

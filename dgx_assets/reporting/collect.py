@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from dgx_assets.generation import table as generated_table
 from dgx_assets.ingest import tables
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.metadata import thresholds
 from dgx_assets.reporting.verdict import CheckOutcome
 

@@ -25,7 +25,7 @@ FIRST_PAGE = {REPORT_ROUTE: REPORT_PAGE, DATA_DOCS_ROUTE: "index.html"}  # what 
 def routes() -> dict:
     """Route -> the Lake whose root it serves: the lake's report folder and GE's data docs site."""
     from dgx_assets import settings
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
     from dgx_assets.quality.expectations import data_docs_site
 
     lake = Lake(settings.lake_root())

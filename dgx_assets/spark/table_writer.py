@@ -1,4 +1,4 @@
-"""Executors write a table's Parquet files; the driver then commits them to the Iceberg table (dgx_assets/catalog.py).
+"""Executors write a table's Parquet files; the driver then commits them to the Iceberg table (dgx_assets/lake/tables.py).
 
 Two writers, measured against each other by bench/ingest.py (BENCHMARKS.md, 1):
 - `arrow` (the default): a pyspark Python data source (`DataSourceArrowWriter`). Each task's Python worker writes
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from dgx_assets.lake import filesystem_for, path_of, visible_files, worker_filesystem
+from dgx_assets.lake.files import filesystem_for, path_of, visible_files, worker_filesystem
 from dgx_assets.spark.parquet import ROW_GROUP_BYTES, image_table_options
 
 WRITERS = ("arrow", "spark")

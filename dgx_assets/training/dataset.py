@@ -40,7 +40,7 @@ class FeatureFiles:
     @classmethod
     def of_snapshot(cls, snapshot: Any) -> FeatureFiles:
         """The files of a `catalog.TableSnapshot` (`Lake(root).tables.snapshot("image_features", snapshot_id)`)."""
-        from dgx_assets.catalog import NAMESPACE
+        from dgx_assets.lake.tables import NAMESPACE
 
         return cls(snapshot.filesystem, snapshot.paths, f"{NAMESPACE}.{snapshot.table}", snapshot.snapshot_id)
 

@@ -28,7 +28,7 @@ from dgx_assets.ingest import images
 from dgx_assets.training.config import FeatureConfig
 
 if TYPE_CHECKING:
-    from dgx_assets.catalog import TableSnapshot
+    from dgx_assets.lake.tables import TableSnapshot
 
 # Columns read from raw_images (the split is raw_images' stable one, from the content hash). Like raw_images,
 # image_features stores `batch`, its Iceberg partition column, in its files.
@@ -212,7 +212,7 @@ def features_of_row_groups(groups: list[RowGroup], config: FeatureConfig) -> Ite
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from dgx_assets.lake import path_of, worker_filesystem
+    from dgx_assets.lake.files import path_of, worker_filesystem
     from dgx_assets.spark.gpu import bind_task_gpus, describe_device
 
     binding = bind_task_gpus()

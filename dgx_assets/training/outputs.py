@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS
 from dgx_assets.training.tracking import TrackedModel
 

@@ -51,7 +51,9 @@ def _materialize(instance, generator: Path) -> dg.ExecuteInProcessResult:
     "Materialize all" does; the edge model divides by 255 although the network rescales itself, so every image
     reaches it nearly black and the parity gate holds the version back."""
     from dgx_assets import settings
-    from dgx_assets.definitions import defs
+    from dgx_assets.definitions import defs as code_location
+
+    defs = code_location()
     from dgx_assets.generation.prompts import write_demo_prompts
 
     instance.add_dynamic_partitions("image_batches", list(BATCHES))
@@ -305,7 +307,9 @@ def _skip_first_visit_dialog(page) -> None:
 
 
 def _asset_names() -> list[str]:
-    from dgx_assets.definitions import defs
+    from dgx_assets.definitions import defs as code_location
+
+    defs = code_location()
 
     graph = defs.resolve_asset_graph()
     return sorted(key.to_user_string() for key in graph.get_all_asset_keys() if graph.get(key).is_materializable)

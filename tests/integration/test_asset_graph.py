@@ -2,9 +2,11 @@
 
 import dagster as dg
 
-from dgx_assets.definitions import defs
+from dgx_assets.definitions import defs as code_location
+from dgx_assets.defs.ingest.sensors import ingest_batch_job
 from dgx_assets.demo import demo_selection
-from dgx_assets.ingest.sensors import ingest_batch_job
+
+defs = code_location()
 
 
 def _names(keys) -> set[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.lake_tables import read_rows
 
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 
 WRITER = Path(__file__).parent.parent / "support" / "lake_writer.py"
 ROWS = 90
@@ -90,8 +90,8 @@ def test_two_processes_materializing_raw_images_for_different_batches_both_land(
     for seed, batch in enumerate(("p1", "p2")):
         write_batch(lake_root / "landing", batch, seed=seed, bad=False)
     code = (
-        "import sys, dagster as dg; from dgx_assets.ingest.assets import raw_images; "
-        "from dgx_assets.resources import LakeResource; from dgx_assets.spark.resource import SparkResource\n"
+        "import sys, dagster as dg; from dgx_assets.defs.ingest.assets import raw_images; "
+        "from dgx_assets.defs.resources import LakeResource; from dgx_assets.defs.resources import SparkResource\n"
         "with dg.instance_for_test() as instance:\n"
         "    instance.add_dynamic_partitions('image_batches', [sys.argv[2]])\n"
         "    spark = SparkResource(spark_conf={'spark.master': 'local[1]', 'spark.ui.enabled': 'false', "
@@ -121,7 +121,7 @@ def test_two_processes_materializing_raw_images_for_different_batches_both_land(
 
 OPEN_CATALOG_AT = """
 import sys, time
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 tables = Lake(sys.argv[1]).tables
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 tables.catalog

@@ -42,7 +42,9 @@ def test_dagster_definitions_validate_passes(tmp_path):
 
 
 def test_expected_asset_keys_and_groups():
-    from dgx_assets.definitions import defs
+    from dgx_assets.definitions import defs as code_location
+
+    defs = code_location()
 
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}

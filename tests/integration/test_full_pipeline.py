@@ -11,16 +11,16 @@ import pytest
 from PIL import Image
 from support.quick_generator import cached_quick_generator
 
+from dgx_assets.defs.generation.resources import ErnieServingResource
+from dgx_assets.defs.resources import LakeResource, MlflowResource
 from dgx_assets.demo import seed_landing
 from dgx_assets.edge import definitions as edge
 from dgx_assets.generation import definitions as generation
 from dgx_assets.generation.prompts import write_demo_prompts
-from dgx_assets.generation.resources import ErnieServingResource
 from dgx_assets.ingest import definitions as ingest
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.partitions import image_batches
 from dgx_assets.reporting import definitions as reporting
-from dgx_assets.resources import LakeResource, MlflowResource
 from dgx_assets.training import definitions as training
 
 pytest.importorskip("elpv_dataset")

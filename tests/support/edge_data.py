@@ -134,8 +134,8 @@ def edge_model_dir(trained_classifier, train_raw_images, tmp_path_factory) -> Pa
     import json
 
     from dgx_assets.edge.convert import EdgeConversionConfig, convert_to_tflite, describe_tflite
-    from dgx_assets.edge.runtime import CONTRACT_FILE, MODEL_FILE
-    from dgx_assets.edge.tflite_metadata import embed_contract
+    from dgx_assets.station.runtime import CONTRACT_FILE, MODEL_FILE
+    from dgx_assets.station.tflite_metadata import embed_contract
 
     config = EdgeConversionConfig(raw_height=RAW_SIZE, raw_width=RAW_SIZE, representative_samples=100)
     tflite = convert_to_tflite(trained_classifier.model, config, train_raw_images)

@@ -1,5 +1,5 @@
 """Hand-made table versions committed the way the assets commit theirs: Parquet files written into a new folder
-of the table, then one Iceberg transaction (dgx_assets.catalog.LakeTables.write_and_commit)."""
+of the table, then one Iceberg transaction (dgx_assets.lake.tables.LakeTables.write_and_commit)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from dgx_assets.lake import Lake, filesystem_for
+from dgx_assets.lake.files import filesystem_for
+from dgx_assets.lake.store import Lake
 
 
 def commit_rows(

@@ -6,7 +6,8 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dgx_assets.lake import Lake, filesystem_for
+from dgx_assets.lake.files import filesystem_for
+from dgx_assets.lake.store import Lake
 
 
 def version_table(batch: str, version: int, rows: int) -> pa.Table:

@@ -3,8 +3,8 @@
 import dagster as dg
 from imagefactory import valid_images
 
-from dgx_assets.ingest.sensors import landing_zone_sensor
-from dgx_assets.resources import LakeResource
+from dgx_assets.defs.ingest.sensors import landing_zone_sensor
+from dgx_assets.defs.resources import LakeResource
 
 
 def land(landing, batch, names=("a.png", "b.png"), label="functional"):

@@ -111,7 +111,7 @@ def raw_table(rows: pd.DataFrame) -> pa.Table:
 def commit_raw_batch(rows: pd.DataFrame | list[pd.DataFrame], lake_root: Path, batch: str, row_group_size: int | None = None):
     """Committed as raw_images commits a batch (one Iceberg transaction; a list: one file each); returns the
     batch's files in the new snapshot (`catalog.TableSnapshot`)."""
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
     from support.lake_tables import commit_rows
 
     tables = [raw_table(part) for part in rows] if isinstance(rows, list) else raw_table(rows)

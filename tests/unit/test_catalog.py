@@ -10,9 +10,9 @@ import pytest
 from support.lake_tables import commit_rows, read_rows
 
 from dgx_assets import cli, settings
-from dgx_assets.catalog import LegacyLayoutError, catalog_properties
-from dgx_assets.lake import Lake
-from dgx_assets.lake_maintenance import expire_snapshots, maintain, migrate, remove_orphan_files
+from dgx_assets.lake.maintenance import expire_snapshots, maintain, migrate, remove_orphan_files
+from dgx_assets.lake.store import Lake
+from dgx_assets.lake.tables import LegacyLayoutError, catalog_properties
 
 
 def rows(batch: str, version: int, count: int = 3, **extra) -> pa.Table:
@@ -154,7 +154,7 @@ def test_a_folder_layout_lake_is_refused_until_migrated_then_read_as_iceberg(tmp
 def test_maintenance_deletes_the_png_folders_no_kept_snapshot_names(tmp_path):
     import datetime as dt
 
-    from dgx_assets.catalog import FILES_FOLDER
+    from dgx_assets.lake.tables import FILES_FOLDER
 
     lake = Lake(str(tmp_path / "lake"))
     folders = [lake.uri("ernie_generated_images", "png", f"run-{n}") for n in range(3)]

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 
 
 def _swap_in(lake: Lake, asset: str, name: str, data: bytes) -> None:

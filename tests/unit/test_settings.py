@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dgx_assets import settings
-from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.defs.resources import LakeResource, MlflowResource
 from dgx_assets.tracking.store import TrackingConfigError, check_tracking_uri
 
 

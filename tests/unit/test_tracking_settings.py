@@ -1,7 +1,7 @@
 """The `mlflow` resource's settings: declared once (tracking/store.py), resolved against the environment when a
 run asks for them."""
 
-from dgx_assets.resources import MlflowResource
+from dgx_assets.defs.resources import MlflowResource
 from dgx_assets.tracking.store import DEFAULT_EXPERIMENT, TrackingConfig, TrackingSettings
 
 

@@ -9,9 +9,9 @@ import pytest
 from support.embedding_features import write_embedding_features
 
 from dgx_assets.challenger import report
-from dgx_assets.challenger.assets import challenger_model
-from dgx_assets.lake import Lake
-from dgx_assets.resources import LakeResource, MlflowResource
+from dgx_assets.defs.model.challenger import challenger_model
+from dgx_assets.defs.resources import LakeResource, MlflowResource
+from dgx_assets.lake.store import Lake
 
 FAST = {"n_estimators": 40, "early_stopping_rounds": 5, "max_depth": 3}
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dgx_assets import cli
-from dgx_assets.edge.kubeedge import EDGE_ROLE_LABEL, edge_deployment, render
+from dgx_assets.fleet.kubeedge import EDGE_ROLE_LABEL, edge_deployment, render
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "deploy" / "kubeedge" / "edge-deployment.yaml"

@@ -170,7 +170,7 @@ def test_defaults_give_each_executor_one_gpu_shared_by_whole_tasks():
     "deployment, master", [("standalone", "spark://dgx-01:7077"), ("k8s", "k8s://https://kubernetes.default.svc:443")]
 )
 def test_defaults_agree_with_the_spark_resource_profiles(deployment, master):
-    from dgx_assets.spark.resource import profile_conf
+    from dgx_assets.spark.profiles import profile_conf
 
     profile = profile_conf(deployment, master)
     # Where they live differs per cluster (the event log dir comes from DGX_SPARK_EVENT_LOG).
@@ -203,7 +203,7 @@ def test_executor_pod_template_is_a_valid_non_root_gpu_pod():
 
 
 def test_k8s_profile_uses_the_executor_pod_template():
-    from dgx_assets.spark.resource import profile_conf
+    from dgx_assets.spark.profiles import profile_conf
 
     conf = profile_conf("k8s", "k8s://https://kubernetes.default.svc:443")
     key = "spark.kubernetes.executor.podTemplateFile"  # without it, executors would not tolerate GPU taints

@@ -23,7 +23,7 @@ import pyspark
 import pytest
 from support.deploy_files import DEPLOY
 
-from dgx_assets.spark.resource import SparkResource
+from dgx_assets.defs.resources import SparkResource
 
 PRESENT_GPUS = "0,1,2,3,4,5,6,7"
 ALLOWED_GPUS = ["4", "5"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from support.waiting import wait_for
 
-from dgx_assets.edge.runtime import EdgeClassifier
-from dgx_assets.edge.server import make_server
+from dgx_assets.station.runtime import EdgeClassifier
+from dgx_assets.station.server import make_server
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from PIL import Image
 from dgx_assets.edge.build import EdgeBuildError, build_edge_model, most_common_size
 from dgx_assets.edge.config import EdgeModelConfig
 from dgx_assets.edge.convert import EdgeConversionConfig, decode_to_raw
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 
 
 def encoded(array: np.ndarray, mode: str | None = None) -> bytes:

@@ -17,10 +17,11 @@ import pytest
 from support.edge_data import CLASS_NAMES, RAW_SIZE, features_like_image_features
 from support.lake_tables import commit_rows
 
-from dgx_assets.edge.definitions import defs as edge_defs
-from dgx_assets.reporting.definitions import defs as reporting_defs
-from dgx_assets.resources import LakeResource, MlflowResource
-from dgx_assets.training.checks import MODEL_GATE_CHECK
+from dgx_assets.defs.edge.assets import edge_model
+from dgx_assets.defs.edge.champion import champion_model
+from dgx_assets.defs.model.checks import MODEL_GATE_CHECK
+from dgx_assets.defs.reporting.assets import quality_report, report_verdict
+from dgx_assets.defs.resources import LakeResource, MlflowResource
 
 MODEL_NAME = "dgx_defect_classifier"
 
@@ -126,7 +127,7 @@ def edge_env(tmp_path, edge_dataset, trained_classifier):
     trained_model = stand_in_trained_model(trained_classifier.path)
     with dg.instance_for_test() as instance:
         yield {
-            "assets": [trained_model, *edge_defs.assets],
+            "assets": [trained_model, edge_model, champion_model],
             "resources": resources,
             "instance": instance,
             "lake": tmp_path / "lake",
@@ -141,7 +142,7 @@ def run(env, selection=None, trained_passes=True, edge_config=None, report=False
     if edge_config:
         run_config["ops"]["edge_model"] = {"config": edge_config}
     # Through a Definitions' asset job, as the webserver and daemon launch it (a repository is set).
-    everything = env["assets"] + ([*reporting_defs.assets, *reporting_defs.asset_checks] if report else [])
+    everything = env["assets"] + ([quality_report, report_verdict] if report else [])
     assets = [a for a in everything if not isinstance(a, dg.AssetChecksDefinition)]
     checks = [a for a in everything if isinstance(a, dg.AssetChecksDefinition)]
     job = dg.Definitions(assets=assets, asset_checks=checks, resources=env["resources"]).resolve_implicit_global_asset_job_def()
@@ -188,7 +189,7 @@ def test_edge_model_materializes_logs_to_mlflow_and_champion_model_promotes_when
     assert {p.name for p in edge_dir.iterdir()} == {"model.tflite", "edge_model.json", "parity.json", "parity.png", "triton"}
     contract = json.loads((edge_dir / "edge_model.json").read_text())
     assert (contract["raw_height"], contract["raw_width"], contract["input_dtype"]) == (RAW_SIZE, RAW_SIZE, "uint8")
-    from dgx_assets.edge.tflite_metadata import read_contract
+    from dgx_assets.station.tflite_metadata import read_contract
 
     assert read_contract((edge_dir / "model.tflite").read_bytes()) == contract  # the model carries its own contract
     assert contract["format"] == "int8"

@@ -22,7 +22,7 @@ from edge_http import blank_png, edge_process, running_server
 from support.edge_data import CLASS_NAMES
 
 from dgx_assets import cli
-from dgx_assets.edge.kubeedge import edge_deployment
+from dgx_assets.fleet.kubeedge import edge_deployment
 
 SLACK_S = 2.0  # scheduling slack on a shared 2-core machine
 
@@ -228,7 +228,7 @@ def test_a_limit_that_is_not_a_positive_count_is_refused(edge_model_dir, tmp_pat
 def test_a_contract_of_the_wrong_types_is_refused_in_one_line(edge_model_dir, tmp_path, change, words, capsys):
     """Was: a contract with `class_names: "OK"` gave the labels "O" and "K". The contract is the model's own
     metadata, where edge_model puts it."""
-    from dgx_assets.edge.tflite_metadata import embed_contract, read_contract
+    from dgx_assets.station.tflite_metadata import embed_contract, read_contract
 
     folder = tmp_path / "model"
     folder.mkdir()

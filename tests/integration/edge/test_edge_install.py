@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dgx_assets.edge.runtime import EdgeClassifier, classify_folder
+from dgx_assets.station.runtime import EdgeClassifier, classify_folder
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from edge_http import running_server
 from support.edge_data import CLASS_NAMES, RAW_SIZE
 
 from dgx_assets import cli
-from dgx_assets.edge.runtime import (
+from dgx_assets.station.runtime import (
     CONTRACT_FILE,
     MLFLOW_ARTIFACT_DIR,
     MODEL_FILE,
@@ -59,7 +59,7 @@ def test_folder_classification_is_accurate_and_records_bad_files(model_dir, imag
 def test_the_model_carries_its_format_and_decision_rule_and_the_runtime_follows_them(
     model_dir, image_folder, tmp_path, trained_classifier
 ):
-    from dgx_assets.edge.tflite_metadata import embed_contract, read_contract
+    from dgx_assets.station.tflite_metadata import embed_contract, read_contract
 
     model = (model_dir / MODEL_FILE).read_bytes()
     contract = read_contract(model)
@@ -172,7 +172,7 @@ def test_fetch_verifies_the_recorded_digest_and_writes_nothing_on_a_mismatch(reg
     """Was: edge-fetch copied a corrupt model.tflite without checking it against anything."""
     from mlflow import MlflowClient
 
-    from dgx_assets.edge.fetch import DIGEST_TAG, file_sha256, record_edge_model_digest
+    from dgx_assets.fleet.fetch import DIGEST_TAG, file_sha256, record_edge_model_digest
 
     stored = _log_edge_model(registered_version, model_dir)
     rv = registered_version
@@ -198,7 +198,7 @@ def test_fetch_verifies_the_recorded_digest_and_writes_nothing_on_a_mismatch(reg
 def test_a_version_without_a_digest_has_it_recorded_by_its_first_fetch(registered_version, model_dir, tmp_path, capsys):
     from mlflow import MlflowClient
 
-    from dgx_assets.edge.fetch import DIGEST_TAG
+    from dgx_assets.fleet.fetch import DIGEST_TAG
 
     stored = _log_edge_model(registered_version, model_dir)
     assert cli.main(_fetch_argv(registered_version, tmp_path / "a")) == 0

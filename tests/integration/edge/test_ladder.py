@@ -9,7 +9,7 @@ from support.edge_data import CLASS_NAMES, RAW_SIZE
 from dgx_assets.edge.convert import ConversionSettings
 from dgx_assets.edge.ladder import EdgeInputs, run_ladder
 from dgx_assets.edge.parity import GateSettings
-from dgx_assets.edge.tflite_metadata import MetadataError, embed_contract, read_contract
+from dgx_assets.station.tflite_metadata import MetadataError, embed_contract, read_contract
 
 
 def inputs(test_inputs, representative) -> EdgeInputs:

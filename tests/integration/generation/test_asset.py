@@ -14,12 +14,11 @@ import pytest
 from support.lake_tables import read_rows
 
 from dgx_assets import settings
-from dgx_assets.generation.assets import ernie_generated_images
-from dgx_assets.generation.checks import generated_images_valid
-from dgx_assets.generation.definitions import defs as generation_defs
+from dgx_assets.defs.generation.assets import ernie_generated_images
+from dgx_assets.defs.generation.checks import generated_images_valid
+from dgx_assets.defs.generation.resources import ErnieServingResource
+from dgx_assets.defs.resources import LakeResource
 from dgx_assets.generation.prompts import write_demo_prompts
-from dgx_assets.generation.resources import ErnieServingResource
-from dgx_assets.resources import LakeResource
 
 FAST_CLIENT = dict(backoff_s=0.05, max_retries=1, breaker_cooldown_s=30.0)
 
@@ -45,7 +44,7 @@ def server_pids_in_logs() -> set[int]:
 
 
 def test_definitions_have_the_asset_and_its_blocking_check():
-    asset = generation_defs.get_assets_def("ernie_generated_images")
+    asset = ernie_generated_images
     spec = next(iter(asset.specs))
     assert spec.group_name == "generation" and set(spec.kinds) == {"spark", "paddle"}
     assert spec.owners and spec.code_version and spec.description

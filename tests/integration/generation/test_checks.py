@@ -11,10 +11,10 @@ import pytest
 from rogue import RogueServer
 from support.lake_tables import read_rows
 
-from dgx_assets.generation.assets import ernie_generated_images
-from dgx_assets.generation.checks import generation_checks
-from dgx_assets.generation.resources import ErnieServingResource
-from dgx_assets.resources import LakeResource
+from dgx_assets.defs.generation.assets import ernie_generated_images
+from dgx_assets.defs.generation.checks import generation_checks
+from dgx_assets.defs.generation.resources import ErnieServingResource
+from dgx_assets.defs.resources import LakeResource
 
 ONE_TRY = {"backoff_s": 0.01, "max_retries": 0, "breaker_threshold": 100}
 
@@ -104,7 +104,7 @@ def _generated_table(lake_root, contents: list[bytes]) -> None:
 
 
 def _diversity(lake_root):
-    from dgx_assets.generation.checks import generated_images_diverse
+    from dgx_assets.defs.generation.checks import generated_images_diverse
 
     # The check alone, as "Execute check" runs it on the table in the lake.
     job = dg.Definitions(

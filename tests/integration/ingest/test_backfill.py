@@ -6,12 +6,12 @@ import pytest
 from imagefactory import write_batch
 from support.backfill_tags import RANGE_END, RANGE_START
 
-from dgx_assets.ingest.assets import LANDING_FINGERPRINT, raw_images
-from dgx_assets.ingest.sensors import _ingested_fingerprint
-from dgx_assets.lake import Lake
+from dgx_assets.defs.ingest.assets import LANDING_FINGERPRINT, raw_images
+from dgx_assets.defs.ingest.features import image_features
+from dgx_assets.defs.ingest.sensors import _ingested_fingerprint
+from dgx_assets.defs.resources import LakeResource
+from dgx_assets.lake.store import Lake
 from dgx_assets.partitions import MAX_BATCHES_PER_RUN, PER_BATCH, image_batches
-from dgx_assets.resources import LakeResource
-from dgx_assets.training.assets import image_features
 
 BATCHES = [f"b{i:02d}" for i in range(10)]
 FEATURES = {"image_height": 32, "image_width": 32, "embedding": "none"}
@@ -87,7 +87,7 @@ def test_raw_images_checks_judge_every_batch_of_a_backfill_run(tmp_path, spark_r
     """The GE checks of a multi-batch run evaluate each batch and name the one that fails."""
     from imagefactory import write_mostly_corrupt_batch
 
-    from dgx_assets.ingest.checks import raw_image_checks
+    from dgx_assets.defs.ingest.checks import raw_image_checks
 
     lake_root = tmp_path / "lake"
     keys = ["d0", "d1", "d2"]

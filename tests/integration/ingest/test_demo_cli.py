@@ -8,12 +8,11 @@ import time
 import dagster as dg
 from imagefactory import write_mostly_corrupt_batch
 
+from dgx_assets.defs.ingest.assets import raw_images
+from dgx_assets.defs.ingest.checks import raw_image_checks
+from dgx_assets.defs.resources import LakeResource, SparkResource
 from dgx_assets.demo import DemoProgress, _DemoOutcome, execute_for_cli
-from dgx_assets.ingest.assets import raw_images
-from dgx_assets.ingest.checks import raw_image_checks
 from dgx_assets.partitions import image_batches
-from dgx_assets.resources import LakeResource
-from dgx_assets.spark.resource import SparkResource
 
 FIX = "Only 14.3% of batch bad decoded as images (at least 80% needed)"
 

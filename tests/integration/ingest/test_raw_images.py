@@ -9,12 +9,12 @@ from imagefactory import bad_files, valid_images, write_batch, write_mostly_corr
 from support.hostile import SECRET, hostile_batch
 from support.lake_tables import read_rows
 
+from dgx_assets.defs.ingest.assets import raw_images
+from dgx_assets.defs.ingest.checks import raw_image_checks
+from dgx_assets.defs.resources import LakeResource
 from dgx_assets.ingest import images
-from dgx_assets.ingest.assets import raw_images
-from dgx_assets.ingest.checks import raw_image_checks
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.partitions import image_batches
-from dgx_assets.resources import LakeResource
 
 ONLY_THE_ASSET = dg.AssetSelection.assets(raw_images).without_checks()
 

@@ -5,13 +5,13 @@ import json
 import dagster as dg
 from support.sensor_ticks import land, tick
 
+from dgx_assets.defs.resources import LakeResource
 from dgx_assets.partitions import image_batches
-from dgx_assets.resources import LakeResource
 
 
 def test_batches_already_materialized_from_the_same_content_are_not_requested_again(tmp_path, spark_resource):
     """`make demo` materializes raw_images itself; a sensor turned on afterwards must not ingest it all again."""
-    from dgx_assets.ingest.assets import raw_images
+    from dgx_assets.defs.ingest.assets import raw_images
 
     lake_root = tmp_path / "lake"
     landing = lake_root / "landing"

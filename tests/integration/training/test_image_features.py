@@ -203,7 +203,7 @@ def test_plan_counts_valid_rows_per_row_group_and_skips_groups_without_any(tmp_p
 def test_a_raw_partition_without_the_needed_columns_is_refused_with_what_to_do(spark, tmp_path):
     from support.lake_tables import commit_rows
 
-    from dgx_assets.lake import Lake
+    from dgx_assets.lake.store import Lake
 
     commit_rows(tmp_path / "lake", "raw_images", pa.table({"path": ["a.png"], "batch": ["b0"], "status": ["valid"]}), "b0")
     raw = Lake(str(tmp_path / "lake")).tables.snapshot("raw_images", batch="b0")

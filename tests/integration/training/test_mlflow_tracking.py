@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.tracking.hardware import hardware_baseline
 from dgx_assets.tracking.lineage import DagsterLineage, dataset_digest, describe_files
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS

@@ -12,15 +12,14 @@ import dagster as dg
 import pytest
 from support import training_data
 
-from dgx_assets.lake import Lake
+from dgx_assets.defs.ingest.features import image_features
+from dgx_assets.defs.model.checks import ModelGateSettings, evaluate_gate, model_gate_result
+from dgx_assets.defs.model.schedules import build_retraining_schedule, retrain_job, retraining_schedule
+from dgx_assets.defs.model.training import TRAINED_MODEL_CODE_VERSION, trained_model
+from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
+from dgx_assets.lake.store import Lake
 from dgx_assets.metadata import thresholds
 from dgx_assets.partitions import image_batches
-from dgx_assets.resources import LakeResource, MlflowResource
-from dgx_assets.spark.resource import SparkResource
-from dgx_assets.training.assets import TRAINED_MODEL_CODE_VERSION, image_features, trained_model
-from dgx_assets.training.checks import ModelGateSettings, evaluate_gate, model_gate_result
-from dgx_assets.training.definitions import defs as training_defs
-from dgx_assets.training.schedules import build_retraining_schedule, retraining_schedule_from_env
 
 MODEL_NAME = "dagster_test_classifier"
 BATCHES = ["b0", "b1"]
@@ -279,9 +278,10 @@ def test_trained_model_trains_on_spark_barrier_tasks_with_distribution_spark(pla
 
 
 def test_definitions_load_and_the_retraining_job_validates():
-    merged = dg.Definitions.merge(
-        training_defs,
-        dg.Definitions(resources={"spark": SparkResource(), "lake": LakeResource(), "mlflow": MlflowResource()}),
+    merged = dg.Definitions(
+        assets=[image_features, trained_model],
+        jobs=[retrain_job],
+        resources={"spark": SparkResource(), "lake": LakeResource(), "mlflow": MlflowResource()},
     )
     dg.Definitions.validate_loadable(merged)
     job = merged.resolve_job_def("retrain_model")
@@ -293,8 +293,14 @@ def test_definitions_load_and_the_retraining_job_validates():
     assert image_features.op.tags == {} and "dagster-k8s/config" in trained_model.op.tags  # the GPU pod
 
 
+def _schedule_from_env() -> dg.ScheduleDefinition:
+    (schedule,) = retraining_schedule().schedules or []
+    assert isinstance(schedule, dg.ScheduleDefinition)
+    return schedule
+
+
 def test_nightly_schedule_requests_one_run_per_tick(monkeypatch):
-    schedule = retraining_schedule_from_env()
+    schedule = _schedule_from_env()
     assert schedule.cron_schedule == "0 2 * * *" and schedule.job_name == "retrain_model"
     tick = dt.datetime(2026, 5, 4, 2, 0, tzinfo=dt.UTC)
     with dg.instance_for_test() as instance:
@@ -304,7 +310,7 @@ def test_nightly_schedule_requests_one_run_per_tick(monkeypatch):
     assert requests[0].tags["dgx/trigger"] == "schedule"
 
     monkeypatch.setenv("DGX_RETRAIN_CRON", "30 1 * * 6")
-    assert retraining_schedule_from_env().cron_schedule == "30 1 * * 6"
+    assert _schedule_from_env().cron_schedule == "30 1 * * 6"
     assert build_retraining_schedule("0 * * * *", "Europe/Berlin").execution_timezone == "Europe/Berlin"
 
 

@@ -16,9 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for supp
 import dagster as dg
 from support.embedding_features import write_embedding_features
 
-from dgx_assets.resources import LakeResource, MlflowResource
-from dgx_assets.spark.resource import SparkResource
-from dgx_assets.tuning.assets import hyperparameter_search
+from dgx_assets.defs.model.search import hyperparameter_search
+from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 from dgx_assets.tuning.search import ray_on_spark
 
 LOCAL_CLUSTER = {

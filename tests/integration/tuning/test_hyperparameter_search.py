@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the `ray` extra is not installed")
 
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.training.config import TrainConfig
 from dgx_assets.tuning.best_config import SEARCHED_FIELDS, apply_best_config
 

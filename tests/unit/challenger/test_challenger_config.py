@@ -4,10 +4,9 @@ name, and a wrong setting fails the run with a message that names it, before Spa
 import dagster as dg
 import pytest
 
-from dgx_assets.challenger.assets import ChallengerModelConfig, challenger_model
 from dgx_assets.challenger.config import ChallengerConfig, ChallengerConfigError
-from dgx_assets.resources import LakeResource, MlflowResource
-from dgx_assets.spark.resource import SparkResource
+from dgx_assets.defs.model.challenger import ChallengerModelConfig, challenger_model
+from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 
 
 def test_the_dagster_config_is_the_challenger_config_plus_the_registry_name():

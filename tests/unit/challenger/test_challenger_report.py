@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from dgx_assets.challenger import report
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 from dgx_assets.reporting import render
 from dgx_assets.reporting.collect import ReportData
 from dgx_assets.reporting.verdict import decide

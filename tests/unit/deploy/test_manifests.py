@@ -321,7 +321,7 @@ def test_dockerfiles_agree_with_the_pods_that_run_them(helm_values):
 
 
 def test_code_location_image_carries_what_the_spark_k8s_profile_expects(env_configmap):
-    from dgx_assets.spark.resource import profile_conf
+    from dgx_assets.spark.profiles import profile_conf
 
     conf = profile_conf("k8s", env_configmap["DGX_SPARK_MASTER"])
     code_location = dockerfile("code-location")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dgx_assets import cli
-from dgx_assets.edge.kubeedge import HEADER, edge_deployment, render
+from dgx_assets.fleet.kubeedge import HEADER, edge_deployment, render
 
 
 def manifest(tmp_path, capsys, *extra: str) -> tuple[int, str]:

@@ -6,8 +6,8 @@ import re
 import pytest
 from pydantic import ValidationError
 
+from dgx_assets.defs.generation.resources import ErnieServingResource
 from dgx_assets.generation.client import ClientBehaviour, ClientSettings
-from dgx_assets.generation.resources import ErnieServingResource
 
 
 def test_the_resource_shows_the_client_behaviour_as_declared():

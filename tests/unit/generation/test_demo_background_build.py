@@ -1,8 +1,8 @@
 """`make demo` trains the stand-in generator in a background thread; when that build fails, the reason goes to
 the run's log (stderr) instead of vanishing, and ernie_generated_images builds again in its own step."""
 
+from dgx_assets.defs.generation.resources import ErnieServingResource
 from dgx_assets.demo import _build_generator_in_background
-from dgx_assets.generation.resources import ErnieServingResource
 
 
 def test_a_failed_background_build_writes_its_reason_to_stderr(tmp_path, capsys):

@@ -6,7 +6,7 @@ import pyarrow as pa
 from support.lake_tables import commit_rows
 
 from dgx_assets.generation import table
-from dgx_assets.lake import Lake
+from dgx_assets.lake.store import Lake
 
 
 def _rows(rows: list[tuple[str, bool, str | None, str | None]]) -> pa.Table:

@@ -2,8 +2,10 @@
 
 import dagster as dg
 
-from dgx_assets.definitions import defs
-from dgx_assets.ingest.sensors import ingest_batch_job, landing_zone_sensor
+from dgx_assets.definitions import defs as code_location
+from dgx_assets.defs.ingest.sensors import ingest_batch_job, landing_zone_sensor
+
+defs = code_location()
 
 
 def test_ingest_batch_selects_exactly_raw_images_and_image_features_with_their_checks():

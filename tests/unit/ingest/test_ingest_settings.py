@@ -7,10 +7,9 @@ import dagster as dg
 import pytest
 from pydantic import ValidationError
 
-from dgx_assets.ingest.assets import RawImagesConfig, raw_images
+from dgx_assets.defs.ingest.assets import RawImagesConfig, raw_images
+from dgx_assets.defs.resources import LakeResource, SparkResource
 from dgx_assets.ingest.images import IngestSettings, ValidationLimits, inspect_image
-from dgx_assets.resources import LakeResource
-from dgx_assets.spark.resource import SparkResource
 
 
 def test_the_dagster_config_is_the_ingest_settings_and_adds_nothing():

@@ -195,7 +195,7 @@ def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_thresho
         promotion={**promotion, "reason": "**edge_model.parity** failed: int8 ships. To fix: set `quantization: auto`"},
         model={"test_metrics": {"accuracy": 0.869, "majority_baseline_accuracy": 0.706}},
     )
-    from dgx_assets.edge.champion import held_back_summary
+    from dgx_assets.defs.edge.champion import held_back_summary
 
     verdict = decide(data.checks, [], [], held_back=held_back_summary(data.promotion), gate_checks={("edge_model", "parity")})
     page = render.render_html(data, verdict, {render.DECISION_RUN: "http://127.0.0.1:3000/runs/abc"})

@@ -4,9 +4,8 @@ a wrong one fails the run with a message that names it, before Ray or Spark is t
 import dagster as dg
 import pytest
 
-from dgx_assets.resources import LakeResource, MlflowResource
-from dgx_assets.spark.resource import SparkResource
-from dgx_assets.tuning.assets import HyperparameterSearchConfig, hyperparameter_search
+from dgx_assets.defs.model.search import HyperparameterSearchConfig, hyperparameter_search
+from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 from dgx_assets.tuning.config import SearchConfig, SearchConfigError
 
 

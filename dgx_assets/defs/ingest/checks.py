@@ -1,0 +1,214 @@
+"""Great Expectations suites on each raw_images partition, as Dagster asset checks.
+
+Each check reads the partition just written with Spark and runs one small GE suite on it; the GE
+statistics and failing examples go into the check's metadata, and GE's data docs stay under `.dgx/gx/`.
+"""
+
+import warnings
+
+import dagster as dg
+
+from dgx_assets import settings
+from dgx_assets.defs.ingest.assets import raw_images
+from dgx_assets.defs.resources import LakeResource, SparkResource
+from dgx_assets.ingest import images
+from dgx_assets.partitions import image_batches
+from dgx_assets.quality.expectations import SuiteOutcome, run_suite
+
+
+class ValidShareConfig(dg.Config):
+    min_valid_share: float = 0.8
+
+
+class ImageBoundsConfig(dg.Config):
+    min_side: int = 16
+    max_side: int = 8192
+    formats: list[str] = sorted(images.SUPPORTED_FORMATS)
+
+
+class LabelsConfig(dg.Config):
+    expected_labels: list[str] = ["defective", "functional"]
+
+
+def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid_only: bool = False):
+    frame = lake.lake.tables.spark_frame(spark.spark_session, "raw_images", batch).drop("content")
+    return frame.filter(frame.status == images.VALID) if valid_only else frame
+
+
+def _result(
+    outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, description: str | None = None, **extra
+) -> dg.AssetCheckResult:
+    failing = {e["column"] or e["expectation"]: e["failing_examples"] for e in outcome.expectations if not e["success"]}
+    return dg.AssetCheckResult(
+        passed=outcome.success,
+        severity=severity,
+        description=description,
+        metadata={
+            "ge_statistics": dg.MetadataValue.json(outcome.statistics),
+            "ge_results": dg.MetadataValue.json(outcome.expectations),
+            "failing_examples": dg.MetadataValue.json(failing),
+            **({"ge_data_docs": dg.MetadataValue.url(outcome.data_docs)} if outcome.data_docs else {}),
+            **extra,
+        },
+    )
+
+
+# Partitioned asset checks are marked preview in dagster 1.13; they are what per-batch checks need.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning)
+
+
+def _batch_suite(
+    context: dg.AssetCheckExecutionContext,
+    batch: str,
+    spark: SparkResource,
+    lake: LakeResource,
+    suite: str,
+    expectations: list,
+    valid_only: bool = False,
+) -> SuiteOutcome:
+    """One GE suite over one raw_images batch, named in the data docs by asset, check and batch (GE says
+    `__none__` otherwise)."""
+    frame = _partition_frame(spark, lake, batch, valid_only=valid_only)
+    run_name = f"{raw_images.key.to_user_string()}.{context.check_specs[0].name}[{batch}]"
+    return run_suite(frame, suite, expectations, settings.state_dir() / "gx", run_name)
+
+
+def _each_batch(context: dg.AssetCheckExecutionContext, evaluate) -> dg.AssetCheckResult:
+    """The check over every batch of the run: one in a sensor or UI run, up to MAX_BATCHES_PER_RUN in a backfill
+    run (raw_images' backfill policy). Several batches give one result that fails when any batch fails and
+    names each failing batch with its own what-to-fix text."""
+    results = {batch: evaluate(batch) for batch in context.partition_keys}
+    if len(results) == 1:
+        return next(iter(results.values()))
+    failed = [batch for batch, result in results.items() if not result.passed]
+    return dg.AssetCheckResult(
+        passed=not failed,
+        severity=next(iter(results.values())).severity,
+        description=" ".join(f"[{batch}] {results[batch].description}" for batch in failed) or f"all {len(results)} batches pass",
+        metadata={
+            "batches": dg.MetadataValue.json(
+                {batch: {"passed": result.passed, "description": result.description} for batch, result in results.items()}
+            )
+        },
+    )
+
+
+# Blocks everything downstream when too few files of a batch are usable images.
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    blocking=True,
+    description="GE: the share of rows with status `valid` is at least `min_valid_share` (blocking).",
+)
+def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShareConfig, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    def evaluate(batch: str) -> dg.AssetCheckResult:
+        outcome = _batch_suite(
+            context,
+            batch,
+            spark,
+            lake,
+            "raw_images_valid_share",
+            [
+                gx.expectations.ExpectColumnValuesToBeInSet(  # pyright: ignore[reportPrivateImportUsage]
+                    column="status", value_set=[images.VALID], mostly=config.min_valid_share
+                ),
+            ],
+        )
+        share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
+        what_to_fix = (
+            ""
+            if outcome.success
+            else (
+                f"Only {share:.1%} of batch {batch} decoded as images (at least {config.min_valid_share:.0%} "
+                "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
+                "special files too: copy the real files in) in the landing batch, then re-materialize."
+            )
+        )
+        return _result(
+            outcome,
+            description=what_to_fix or f"{share:.1%} of batch {batch} are valid images",
+            valid_share=round(share, 4),
+            min_valid_share=config.min_valid_share,
+            what_to_fix=what_to_fix,
+        )
+
+    return _each_batch(context, evaluate)
+
+
+# Warns when valid images have sizes or formats outside what the model and cameras are expected to give.
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    description="GE: valid images have width/height within bounds and an expected format.",
+)
+def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConfig, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
+        return [
+            gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),  # pyright: ignore[reportPrivateImportUsage]
+        ]
+
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(context, batch, spark, lake, "raw_images_bounds", expectations(), valid_only=True),
+            severity=dg.AssetCheckSeverity.WARN,
+        ),
+    )
+
+
+# Warns when files carry a label folder the classifier does not know.
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    description="GE: every file's label folder is one of the expected labels.",
+)
+def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
+        return [
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),  # pyright: ignore[reportPrivateImportUsage]
+            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),  # pyright: ignore[reportPrivateImportUsage]
+        ]
+
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(context, batch, spark, lake, "raw_images_labels", expectations()), severity=dg.AssetCheckSeverity.WARN
+        ),
+    )
+
+
+# Warns when the same image bytes arrive twice in one batch (they would be counted twice in training and evaluation).
+@dg.asset_check(
+    asset=raw_images,
+    partitions_def=image_batches,
+    description="GE: no two valid images in the batch have the same content (sha256).",
+)
+def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource):
+    import great_expectations as gx
+
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(
+                context,
+                batch,
+                spark,
+                lake,
+                "raw_images_duplicates",
+                [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")],  # pyright: ignore[reportPrivateImportUsage]
+                valid_only=True,
+            ),
+            severity=dg.AssetCheckSeverity.WARN,
+        ),
+    )
+
+
+raw_image_checks = [valid_image_share, image_bounds, labels_expected, no_duplicate_content]

@@ -1,0 +1,1 @@
+"""The `reporting` group: quality_report and its verdict check."""
