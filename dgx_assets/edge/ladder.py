@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dgx_assets.edge import convert, parity
+from dgx_assets.gates import Gate
 from dgx_assets.training.decision import Decision
 
 LADDER = ("int8", "float16", "float32")
@@ -40,7 +41,7 @@ class EdgeInputs:
 class FormatTrial:
     format: str
     report: parity.ParityReport
-    gate: parity.GateResult
+    gate: Gate
     spec: convert.EdgeModelSpec
     tflite_model: bytes = field(repr=False)
     predictions: parity.Predictions = field(repr=False)

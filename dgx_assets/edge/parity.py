@@ -17,9 +17,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgx_assets.edge.convert import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY
+from dgx_assets.gates import SLACK, Criterion, Gate
 
-# Floating-point slack for threshold comparisons (1 image in 10**9).
-_EPSILON = 1e-9
+_EPSILON = SLACK  # floating-point slack for threshold comparisons
 CONFIDENT_MARGIN = 0.95  # above every int8 disagreement measured (bench/edge_margins.py); see GateSettings
 
 
@@ -91,29 +91,6 @@ class ParityReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Criterion:
-    name: str
-    value: float
-    limit: float
-    passed: bool
-    text: str  # the figure against its limit, as a person reads it
-
-
-@dataclass(frozen=True)
-class GateResult:
-    passed: bool
-    criteria: list[Criterion]
-    settings: dict
-
-    @property
-    def reasons(self) -> list[str]:
-        return [c.text for c in self.criteria if not c.passed]
-
-    def to_dict(self) -> dict:
-        return {"passed": self.passed, "criteria": [asdict(c) for c in self.criteria], "settings": self.settings}
 
 
 @dataclass(frozen=True)
@@ -244,7 +221,7 @@ def measure_parity(
     return report, keras, edge
 
 
-def evaluate_gate(report: ParityReport, settings: GateSettings | None = None) -> GateResult:
+def evaluate_gate(report: ParityReport, settings: GateSettings | None = None) -> Gate:
     """The three criteria of `settings` on one parity report; passes when all hold."""
     settings = settings or GateSettings()
     drop = (report.keras_accuracy - report.tflite_accuracy) * 100
@@ -255,6 +232,7 @@ def evaluate_gate(report: ParityReport, settings: GateSettings | None = None) ->
             round(drop, 4),
             settings.max_accuracy_drop_points,
             drop <= settings.max_accuracy_drop_points + _EPSILON,
+            "max",
             f"edge accuracy {report.tflite_accuracy:.2%} is {abs(drop):.2f} points {'below' if drop > 0 else 'above'} "
             f"trained_model's {report.keras_accuracy:.2%} (most allowed drop: {settings.max_accuracy_drop_points:g})",
         ),
@@ -263,6 +241,7 @@ def evaluate_gate(report: ParityReport, settings: GateSettings | None = None) ->
             round(report.negative_flip_rate, 6),
             settings.max_negative_flip_rate,
             report.negative_flip_rate <= settings.max_negative_flip_rate + _EPSILON,
+            "max",
             f"{report.negative_flips} of {report.images} test images ({report.negative_flip_rate:.2%}) are right with "
             f"trained_model and wrong with the edge model (most allowed: {settings.max_negative_flip_rate:.2%})",
         ),
@@ -271,12 +250,13 @@ def evaluate_gate(report: ParityReport, settings: GateSettings | None = None) ->
             confident,
             0,
             confident == 0,
+            "max",
             f"{confident} disagreements on images trained_model decides with a margin of at least "
             f"{settings.confident_margin:g} (allowed: none; {report.disagreements} disagreements in all, "
             f"the largest margin {max(report.disagreement_margins, default=0.0):.3f})",
         ),
     ]
-    return GateResult(all(c.passed for c in criteria), criteria, settings.model_dump())
+    return Gate.of("parity", criteria, settings=settings.model_dump())
 
 
 def parity_figure(keras: Predictions, edge: Predictions, class_names: Sequence[str]) -> bytes:

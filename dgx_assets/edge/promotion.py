@@ -11,42 +11,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from dgx_assets.gates import Gate
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS, CHAMPION_ALIAS, current_alias_version
 
 PROMOTION_TAG = "dgx.promotion"
 GATE_TAG = "dgx.gate"
 HELD_BACK = "held back"
 _TAG_LIMIT = 5000  # MLflow's longest tag value
-
-
-@dataclass(frozen=True)
-class Criterion:
-    """One figure a gate judges, against its threshold: at most (`max`) or at least (`min`)."""
-
-    name: str
-    figure: float
-    bound: str
-    threshold: float
-
-    @property
-    def passed(self) -> bool:
-        slack = 1e-9  # the gates' own tolerance for rounding (edge/parity.py)
-        return self.figure <= self.threshold + slack if self.bound == "max" else self.figure >= self.threshold - slack
-
-    @property
-    def threshold_text(self) -> str:
-        return f"{'at most' if self.bound == 'max' else 'at least'} {self.threshold:.4g}"
-
-    def text(self) -> str:
-        return f"{self.figure:.4g} ({self.threshold_text}): {'passed' if self.passed else 'failed'}"
-
-
-@dataclass(frozen=True)
-class Gate:
-    name: str
-    passed: bool
-    detail: str = ""  # what the gate found; on failure, what to fix
-    criteria: tuple[Criterion, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +58,7 @@ def decision_tags(gates: Sequence[Gate], reasons: list[str], promoted: bool, ali
     for gate in gates:
         tags[f"{GATE_TAG}.{gate.name}"] = "passed" if gate.passed else f"failed: {gate.detail or 'no detail'}"
         for criterion in gate.criteria:
-            tags[f"{GATE_TAG}.{gate.name}.{criterion.name}"] = criterion.text()
+            tags[f"{GATE_TAG}.{gate.name}.{criterion.name}"] = criterion.summary()
     return {key: value[:_TAG_LIMIT] for key, value in tags.items()}
 
 

@@ -92,7 +92,9 @@ class IngestSettings(ValidationLimits):
 
 
 @dataclass
-class Verdict:
+class ImageVerdict:
+    """One file's decode outcome: its status (valid or why not), the reason, and what the header said."""
+
     status: str
     reason: str
     format: str | None = None
@@ -123,19 +125,19 @@ _SIGNATURES = {
 }
 
 
-def inspect_image(data: bytes, filename: str = "", limits: ValidationLimits = ValidationLimits()) -> Verdict:
+def inspect_image(data: bytes, filename: str = "", limits: ValidationLimits = ValidationLimits()) -> ImageVerdict:
     """Decode `data` fully and say whether it is a usable image, and if not, why."""
     if not data:
-        return Verdict(EMPTY, "the file has zero bytes")
+        return ImageVerdict(EMPTY, "the file has zero bytes")
     if len(data) > limits.max_file_bytes:
-        return Verdict(TOO_LARGE, f"{len(data)} bytes is over the {limits.max_file_bytes}-byte limit")
+        return ImageVerdict(TOO_LARGE, f"{len(data)} bytes is over the {limits.max_file_bytes}-byte limit")
     try:
         with warnings.catch_warnings():
             # Our own pixel limit below decides; Pillow's warning between 1x and 2x its default is noise here.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as error:
-        return Verdict(TOO_LARGE, f"decompression bomb refused from the header: {error}")
+        return ImageVerdict(TOO_LARGE, f"decompression bomb refused from the header: {error}")
     except UnidentifiedImageError:
         return _unidentified(data)
     except Exception as error:  # a malformed header can raise nearly anything inside a plugin
@@ -145,11 +147,11 @@ def inspect_image(data: bytes, filename: str = "", limits: ValidationLimits = Va
         fmt, (width, height), mode = image.format, image.size, image.mode
         described = {"format": fmt, "width": width, "height": height, "mode": mode}
         if fmt not in SUPPORTED_FORMATS:
-            return Verdict(UNSUPPORTED, f"{fmt} is not one of {', '.join(sorted(SUPPORTED_FORMATS))}", **described)
+            return ImageVerdict(UNSUPPORTED, f"{fmt} is not one of {', '.join(sorted(SUPPORTED_FORMATS))}", **described)
         if width <= 0 or height <= 0:
-            return Verdict(ZERO_SIZE, f"the image is {width}x{height}", **described)
+            return ImageVerdict(ZERO_SIZE, f"the image is {width}x{height}", **described)
         if width * height > limits.max_pixels or max(width, height) > limits.max_side:
-            return Verdict(
+            return ImageVerdict(
                 TOO_LARGE,
                 f"{width}x{height} exceeds the limit of {limits.max_pixels} pixels / {limits.max_side} per side "
                 "(decompression bomb refused from the header, pixels not decoded)",
@@ -160,27 +162,27 @@ def inspect_image(data: bytes, filename: str = "", limits: ValidationLimits = Va
         except Exception as error:
             return _decode_failure(error, stage="pixels", **described)
 
-    return Verdict(VALID, _extension_note(filename, fmt), **described)
+    return ImageVerdict(VALID, _extension_note(filename, fmt), **described)
 
 
-def _unidentified(data: bytes) -> Verdict:
+def _unidentified(data: bytes) -> ImageVerdict:
     """Pillow refused the header: a known signature means a damaged image, anything else is not an image."""
     fmt = next((name for magic, name in _SIGNATURES.items() if data.startswith(magic)), None)
     if fmt is None:
-        return Verdict(NOT_AN_IMAGE, "the content is not an image format Pillow recognises")
+        return ImageVerdict(NOT_AN_IMAGE, "the content is not an image format Pillow recognises")
     if fmt == "PNG" and data[12:16] == b"IHDR" and len(data) >= 24:
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         if width == 0 or height == 0:
-            return Verdict(ZERO_SIZE, f"the PNG header says {width}x{height}", format=fmt, width=width, height=height)
-    return Verdict(CORRUPTED, f"the file starts like a {fmt} but its header cannot be read", format=fmt)
+            return ImageVerdict(ZERO_SIZE, f"the PNG header says {width}x{height}", format=fmt, width=width, height=height)
+    return ImageVerdict(CORRUPTED, f"the file starts like a {fmt} but its header cannot be read", format=fmt)
 
 
-def _decode_failure(error: Exception, stage: str, **described) -> Verdict:
+def _decode_failure(error: Exception, stage: str, **described) -> ImageVerdict:
     message = f"{type(error).__name__}: {error}"
     lowered = message.lower()
     if isinstance(error, (SyntaxError, EOFError)) or any(hint in lowered for hint in _TRUNCATION_HINTS):
-        return Verdict(CORRUPTED, f"truncated or corrupt data while reading the {stage}: {message}", **described)
-    return Verdict(DECODE_ERROR, f"could not decode the {stage}: {message}", **described)
+        return ImageVerdict(CORRUPTED, f"truncated or corrupt data while reading the {stage}: {message}", **described)
+    return ImageVerdict(DECODE_ERROR, f"could not decode the {stage}: {message}", **described)
 
 
 def _extension_note(filename: str, fmt: str) -> str:

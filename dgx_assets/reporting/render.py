@@ -9,7 +9,7 @@ import io
 from markupsafe import Markup
 
 from dgx_assets.challenger import report as challenger_report
-from dgx_assets.edge.promotion import Criterion
+from dgx_assets.gates import within
 from dgx_assets.metadata import human_size
 from dgx_assets.reporting import charts
 from dgx_assets.reporting.collect import ReportData
@@ -142,7 +142,7 @@ def _gate_rows(data: ReportData) -> dict:
     for check in data.checks:
         for name, value, bound, limit in check.figures:
             rows.append([check.asset, check.check, check.partition or "", name, _figure(name, value), _limit(name, bound, limit)])
-            failed.append(not Criterion(name, value, bound, limit).passed)
+            failed.append(not within(value, bound, limit))
     for row, bad in zip(rows, failed):
         row.append("FAILED" if bad else "passed")
     return {"headers": ["asset", "gate", "batch", "figure", "value", "threshold", "result"], "rows": rows, "failed": failed}
@@ -287,7 +287,7 @@ def _key_figures(data: ReportData) -> list[dict]:
     gated_accuracy = [f for c in data.checks if c.asset == "trained_model" for f in c.figures if f[0] == "test_accuracy"]
     if gated_accuracy:
         name, value, bound, limit = gated_accuracy[0]
-        card(_figure(name, value), "test accuracy", _limit(name, bound, limit), not Criterion(name, value, bound, limit).passed)
+        card(_figure(name, value), "test accuracy", _limit(name, bound, limit), not within(value, bound, limit))
     elif data.model:
         card(_share(data.model.get("test_metrics", {}).get("accuracy")), "test accuracy", "no gated threshold recorded")
     if data.edge_ladder:
@@ -298,7 +298,7 @@ def _key_figures(data: ReportData) -> list[dict]:
         )
     for check in (c for c in data.checks if c.asset == "edge_model" and c.check == "parity"):
         for name, value, bound, limit in check.figures:
-            passed = Criterion(name, value, bound, limit).passed
+            passed = within(value, bound, limit)
             card(_figure(name, value), name.replace("_", " "), _limit(name, bound, limit), not passed)
     if data.generated:
         counts = data.generated["status_counts"]

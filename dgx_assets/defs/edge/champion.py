@@ -13,7 +13,8 @@ from dgx_assets import links
 from dgx_assets.defs.edge.assets import EDGE_OWNERS, edge_model
 from dgx_assets.defs.model.checks import MODEL_GATE_CHECK
 from dgx_assets.defs.resources import LakeResource, MlflowResource
-from dgx_assets.edge.promotion import HELD_BACK, Criterion, Gate, PromotionOutcome
+from dgx_assets.edge.promotion import HELD_BACK, PromotionOutcome
+from dgx_assets.gates import Criterion, Gate
 from dgx_assets.metadata import table, thresholds
 
 # The checks a version must pass to become champion, known from their definitions: trained_model's gate and
@@ -37,7 +38,7 @@ def check_gate(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> Gate:
     if target is None or target.storage_id != latest[0].storage_id:
         return Gate(name, False, f"{key.name} did not run on the latest {asset}. To fix: execute the check {key.name}")
     # Each figure the check compared with a threshold (metadata `name` beside `max_name` or `min_name`).
-    criteria = tuple(Criterion(*found) for found in thresholds(evaluation.metadata or {}))
+    criteria = tuple(Criterion.judge(*found) for found in thresholds(evaluation.metadata or {}))
     return Gate(name, bool(evaluation.passed), evaluation.description or ("passed" if evaluation.passed else "failed"), criteria)
 
 
@@ -51,7 +52,7 @@ def decision_metadata(outcome: PromotionOutcome, gates: list[Gate], version_url:
         summary = f"{outcome.status}; the {outcome.alias} stays {champion}"
     failed = [gate for gate in gates if not gate.passed]
     rows = [
-        [gate.name, criterion.name, criterion.figure, criterion.threshold_text, "passed" if criterion.passed else "**failed**"]
+        [gate.name, criterion.name, criterion.value, criterion.threshold_text, "passed" if criterion.passed else "**failed**"]
         for gate in gates
         for criterion in gate.criteria
     ]
@@ -112,7 +113,7 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
     gates = [check_gate(context.instance, key) for key in PROMOTION_CHECKS]
     try:
         outcome = promote_if_gates_pass(
-            mlflow.resolved_tracking_uri,
+            mlflow.tracking_config().tracking_uri,
             trained["registered_model_name"],
             trained["model_version"],
             gates,
@@ -121,7 +122,7 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
         )
     except ValueError as error:  # the registered version is gone
         raise dg.Failure(description=f"cannot promote: {error}. To fix: re-materialize trained_model and edge_model") from error
-    version_url = links.mlflow_model_version(mlflow.resolved_ui_url, outcome.model_name, outcome.version)
+    version_url = links.mlflow_model_version(mlflow.tracking_config().ui_url, outcome.model_name, outcome.version)
     metadata = decision_metadata(outcome, gates, version_url)
     (context.log.info if outcome.promoted else context.log.warning)(f"{metadata['decision']}: {metadata['outcome']}")
     # The data version is the champion itself: a held-back decision leaves it, and what reads it, unchanged.

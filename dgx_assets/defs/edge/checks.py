@@ -65,10 +65,10 @@ def parity_result(ladder: LadderOutcome) -> dg.AssetCheckResult:
         metadata={
             "format": report.quantization,
             # Each criterion's figure beside its limit (max_<name>), the pair the report and champion_model read.
-            **{key: value for c in gate.criteria for key, value in gated(c.name, c.value, c.limit, "max").items()},
+            **{key: value for c in gate.criteria for key, value in gated(c.name, c.value, c.threshold, c.bound).items()},
             "criteria": table(
                 ["criterion", "figure", "most allowed", "result"],
-                [[c.name, number(c.value), c.limit, "ok" if c.passed else "**FAILED**"] for c in gate.criteria],
+                [[c.name, number(c.value), c.threshold, "ok" if c.passed else "**FAILED**"] for c in gate.criteria],
             ),
             "top1_agreement": number(report.top1_agreement),
             "negative_flips": report.negative_flips,

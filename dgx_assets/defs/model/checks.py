@@ -1,17 +1,10 @@
 """The gate between training and deployment: a new model must beat guessing and not lose to the champion."""
 
-import dataclasses
-
 import dagster as dg
 from pydantic import BaseModel, Field
 
+from dgx_assets.gates import Criterion, Gate
 from dgx_assets.metadata import gated, number
-
-
-@dataclasses.dataclass(frozen=True)
-class GateVerdict:
-    passed: bool
-    reasons: list[str]
 
 
 def evaluate_gate(
@@ -21,32 +14,45 @@ def evaluate_gate(
     candidate_version: str,
     min_margin: float,
     champion_tolerance: float,
-) -> GateVerdict:
-    """Accuracy must exceed the majority baseline by ``min_margin`` and trail the champion by at most ``champion_tolerance``."""
-    reasons = []
-    passed = True
-    if accuracy >= baseline_accuracy + min_margin:
-        reasons.append(
+) -> Gate:
+    """Accuracy must exceed the majority baseline by ``min_margin`` and trail the champion by at most
+    ``champion_tolerance``. The gate's detail says each finding, passed or not."""
+    beats = accuracy >= baseline_accuracy + min_margin
+    criteria = [
+        Criterion(
+            "test_accuracy",
+            accuracy,
+            baseline_accuracy + min_margin,
+            beats,
+            "min",
             f"test accuracy {accuracy:.4f} beats the majority baseline {baseline_accuracy:.4f} by at least {min_margin}"
+            if beats
+            else f"test accuracy {accuracy:.4f} does not beat the majority baseline {baseline_accuracy:.4f} by {min_margin}: "
+            "the model is no better than always answering the most common label",
         )
-    else:
-        passed = False
-        reasons.append(
-            f"test accuracy {accuracy:.4f} does not beat the majority baseline {baseline_accuracy:.4f} by {min_margin}: "
-            "the model is no better than always answering the most common label"
-        )
+    ]
     if champion is None:
-        reasons.append("no champion yet")
+        notes = ["no champion yet"]
     elif champion[0] == candidate_version:
-        reasons.append(f"version {candidate_version} is the champion itself")
-    elif accuracy >= champion[1] - champion_tolerance:
-        reasons.append(f"within {champion_tolerance} of champion v{champion[0]} ({champion[1]:.4f})")
+        notes = [f"version {candidate_version} is the champion itself"]
     else:
-        passed = False
-        reasons.append(
-            f"{champion[1] - accuracy:.4f} below champion v{champion[0]} ({champion[1]:.4f}), more than {champion_tolerance}"
+        notes = []
+        near = accuracy >= champion[1] - champion_tolerance
+        criteria.append(
+            Criterion(
+                "test_accuracy_against_champion",
+                accuracy,
+                champion[1] - champion_tolerance,
+                near,
+                "min",
+                f"within {champion_tolerance} of champion v{champion[0]} ({champion[1]:.4f})"
+                if near
+                else f"{champion[1] - accuracy:.4f} below champion v{champion[0]} ({champion[1]:.4f}), "
+                f"more than {champion_tolerance}",
+            )
         )
-    return GateVerdict(passed, reasons)
+    detail = "; ".join([c.sentence for c in criteria] + notes)
+    return Gate.of("trained_model.beats_baseline_and_champion", criteria, detail)
 
 
 class ModelGateSettings(BaseModel):
@@ -75,7 +81,7 @@ def model_gate_result(info: dict, tracking_uri: str, settings: ModelGateSettings
 
     metrics = info["test_metrics"]
     champion = alias_metric(tracking_uri, info["registered_model_name"], CHAMPION_ALIAS, "test_accuracy")
-    verdict = evaluate_gate(
+    gate = evaluate_gate(
         metrics["accuracy"],
         metrics["majority_baseline_accuracy"],
         champion,
@@ -85,15 +91,15 @@ def model_gate_result(info: dict, tracking_uri: str, settings: ModelGateSettings
     )
     fix = (
         ""
-        if verdict.passed
+        if gate.passed
         else ". To fix: train a better model (trained_model's config, more or cleaner data), or, if this version "
         "should ship anyway, relax min_margin_over_baseline or champion_tolerance in trained_model's config"
     )
     return dg.AssetCheckResult(
         check_name=MODEL_GATE_CHECK.name,
-        passed=verdict.passed,
+        passed=gate.passed,
         severity=dg.AssetCheckSeverity.ERROR,
-        description="; ".join(verdict.reasons) + fix,
+        description=gate.detail + fix,
         metadata={
             "model_version": f"{info['registered_model_name']} v{info['model_version']}",
             # test_accuracy beside min_test_accuracy: the report and champion_model show it as any gated figure

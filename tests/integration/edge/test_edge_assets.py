@@ -37,9 +37,9 @@ def stand_in_trained_model(model_path):
 
         from dgx_assets.tracking.store import ensure_experiment
 
-        client = MlflowClient(tracking_uri=mlflow.resolved_tracking_uri)
+        client = MlflowClient(tracking_uri=mlflow.tracking_config().tracking_uri)
         # As trained_model makes it: artifacts beside the sqlite store, not in ./mlruns of the test's directory.
-        run = client.create_run(ensure_experiment(client, mlflow.experiment_name, mlflow.resolved_tracking_uri))
+        run = client.create_run(ensure_experiment(client, mlflow.experiment_name, mlflow.tracking_config().tracking_uri))
         client.set_terminated(run.info.run_id)
         if not client.search_registered_models(f"name='{mlflow.registered_model_name}'"):
             client.create_registered_model(mlflow.registered_model_name)
@@ -259,7 +259,7 @@ def test_a_failing_parity_gate_holds_the_version_back_and_the_same_run_reports_w
     assert "no format passed" in parity.description and "input_scale" in parity.description
     for criterion in json.loads((edge_env["lake"] / "edge_model" / "parity.json").read_text())["gate"]["criteria"]:
         # each criterion's figure beside its limit, as numbers the UI plots
-        assert parity.metadata[f"max_{criterion['name']}"].value == criterion["limit"]
+        assert parity.metadata[f"max_{criterion['name']}"].value == criterion["threshold"]
         assert parity.metadata[criterion["name"]].value == pytest.approx(criterion["value"], rel=1e-3, abs=1e-9)
 
     # champion_model's page: held back, why (the check's own what-to-fix), each criterion against its threshold.
@@ -280,7 +280,7 @@ def test_a_failing_parity_gate_holds_the_version_back_and_the_same_run_reports_w
     assert tags["dgx.promotion.reasons"] == f"edge_model.parity: {parity.description}"
     for criterion in record["gate"]["criteria"]:
         result_word = "passed" if criterion["passed"] else "failed"
-        expected = f"{criterion['value']:.4g} (at most {criterion['limit']:.4g}): {result_word}"
+        expected = f"{criterion['value']:.4g} (at most {criterion['threshold']:.4g}): {result_word}"
         assert tags[f"dgx.gate.edge_model.parity.{criterion['name']}"] == expected
     assert str(client.get_model_version_by_alias(MODEL_NAME, "candidate").version) == "1"  # it stays candidate
     assert client.get_run(record["trained_model"]["mlflow_run_id"]).data.tags["dgx.promotion"] == "held back"
