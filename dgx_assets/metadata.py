@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
+from dgx_assets import markdown
+
 COLUMN_SCHEMA = "dagster/column_schema"
 
 
@@ -52,17 +54,9 @@ def thresholds(metadata: Mapping[str, object]) -> list[tuple[str, float, str, fl
     return found
 
 
-def _cell(value) -> str:
-    if isinstance(value, float):
-        value = f"{value:.4g}"
-    return str("" if value is None else value).replace("|", "\\|").replace("\n", " ")
-
-
 def table(headers: Sequence[str], rows: Sequence[Sequence]) -> dg.MetadataValue:
     """A Markdown table (the UI renders it as a table)."""
-    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return dg.MetadataValue.md("\n".join(lines))
+    return dg.MetadataValue.md(markdown.table(headers, rows))
 
 
 def counts(mapping: Mapping, what: str, of: str = "count") -> dg.MetadataValue:

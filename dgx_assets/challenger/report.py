@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dgx_assets.markdown import table_lines
+
 
 def _row(name: str, info: dict[str, Any], cost: str) -> dict[str, Any]:
     metrics = info.get("test_metrics") or {}
@@ -100,6 +102,4 @@ def render_html(comparison: dict[str, Any] | None) -> str:
 def render_markdown(comparison: dict[str, Any] | None) -> list[str]:
     if not comparison:
         return []
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in comparison["rows"]]
-    return lines + [""]
+    return table_lines(HEADERS, [_cells(row) for row in comparison["rows"]]) + [""]

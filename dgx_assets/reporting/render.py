@@ -10,6 +10,7 @@ from markupsafe import Markup
 
 from dgx_assets.challenger import report as challenger_report
 from dgx_assets.gates import within
+from dgx_assets.markdown import table_lines
 from dgx_assets.metadata import human_size
 from dgx_assets.reporting import charts
 from dgx_assets.reporting.collect import ReportData
@@ -394,11 +395,8 @@ def render_markdown(data: ReportData, verdict: Verdict, report_path: str) -> str
     if data.promotion:
         lines += [f"**Promotion: {data.promotion.get('decision')}**: {data.promotion.get('outcome')}", ""]
     if data.batches:
-        lines += ["| batch | files | valid | quarantined |", "|---|---|---|---|"]
-        lines += [
-            f"| {b} | {s['files_listed']} | {s['valid']} | {sum(s['quarantined'].values())} |" for b, s in data.batches.items()
-        ]
-        lines += [""]
+        rows = [[b, s["files_listed"], s["valid"], sum(s["quarantined"].values())] for b, s in data.batches.items()]
+        lines += table_lines(["batch", "files", "valid", "quarantined"], rows) + [""]
     figures = []
     if data.model:
         metrics = data.model.get("test_metrics", {})
