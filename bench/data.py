@@ -81,7 +81,7 @@ def elpv_landing(limit: int | None = None) -> tuple[Path, str] | None:
     """(landing root, batch name) holding the ELPV images (all of them unless `limit`), or None if absent."""
     if not elpv_available():
         return None
-    from dgx_assets.demo import seed_landing
+    from dgx_assets.demo_seed import seed_landing
 
     landing = work_dir("data") / f"landing-elpv-{limit or 'all'}"
     done = landing.with_name(landing.name + ".done")

@@ -60,7 +60,7 @@ QUICK_IMAGES, QUICK_EPOCHS = 160, 1
 def source_images(limit: int | None) -> list[tuple[str, bytes, str]]:
     """(name, file bytes, label): the ELPV images, else synthetic PNG cells."""
     if elpv_available():
-        from dgx_assets.demo import elpv_records
+        from dgx_assets.demo_seed import elpv_records
 
         return [(r["file"].name, r["file"].read_bytes(), r["label"]) for r in elpv_records(limit)]
     import io

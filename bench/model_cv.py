@@ -74,7 +74,7 @@ def elpv_rows(limit: int | None):
     """ELPV as raw_images rows (PNG bytes, label, size), inspected by the ingest's own `inspect_image`."""
     import pandas as pd
 
-    from dgx_assets.demo import elpv_records
+    from dgx_assets.demo_seed import elpv_records
     from dgx_assets.ingest.images import VALID, inspect_image, sha256_hex
 
     records = elpv_records()
@@ -388,7 +388,7 @@ def log_to_mlflow(record: dict) -> None:
     from dgx_assets import settings
     from dgx_assets.tracking.store import default_artifact_location
 
-    uri = settings.mlflow_tracking_uri()
+    uri = settings.environment().mlflow_tracking_uri
     mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:  # artifacts beside the store, not in ./mlruns
         mlflow.create_experiment(EXPERIMENT, artifact_location=default_artifact_location(uri))

@@ -11,12 +11,12 @@ from dgx_assets import settings
 
 
 def _seed_demo(args: argparse.Namespace) -> int:
-    from dgx_assets.demo import seed_landing
+    from dgx_assets.demo_seed import seed_landing
     from dgx_assets.generation.prompts import write_demo_prompts
 
-    landing = args.landing or settings.landing_uri()
+    landing = args.landing or settings.environment().landing_uri
     counts = seed_landing(landing, batches=args.batches, limit=args.limit, package_order=args.package_order)
-    prompts = args.prompts or settings.prompts_uri()
+    prompts = args.prompts or settings.environment().prompts_uri
     write_demo_prompts(prompts)
     print(f"landing zone {landing}: " + ", ".join(f"{batch} ({n} images)" for batch, n in sorted(counts.items())))
     print(f"prompts {prompts}")
@@ -34,7 +34,7 @@ def _docs_server(args: argparse.Namespace) -> int:
 
     from dgx_assets.reporting.docs_server import serve
 
-    default = urlsplit(settings.docs_url())
+    default = urlsplit(settings.environment().docs_url)
     host, port = args.host or default.hostname or "127.0.0.1", args.port or default.port or 3001
     # Ctrl-C and SIGTERM stop it even when started in the background, where the shell hands it SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -26,5 +26,5 @@ def executor_for(deployment: str) -> dg.ExecutorDefinition:
 def defs() -> dg.Definitions:
     return dg.Definitions.merge(
         dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
-        dg.Definitions(executor=executor_for(settings.deployment())),
+        dg.Definitions(executor=executor_for(settings.environment().deployment)),
     )

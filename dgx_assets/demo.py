@@ -1,74 +1,22 @@
-"""`make demo`: seeding the landing zone with the ELPV solar-cell images (the `demo` extra), as a camera line
-would, then materializing every asset with a console that shows progress (the full event log goes to a file)."""
+"""`make demo`: seeding the landing zone with the ELPV solar-cell images if it is empty (demo_seed.py), then
+materializing every asset with a console that shows progress (demo_console.py; the full event log goes to a file).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import logging
 import os
-import posixpath
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import ClassVar
+from dataclasses import dataclass, field
 
-from dgx_assets.lake.files import filesystem_for
+from dgx_assets.demo_console import DemoProgress
+from dgx_assets.demo_seed import seed_landing
 from dgx_assets.progress import progress_of
-
-DEFECT_THRESHOLD = 0.5  # ELPV gives expert defect probabilities 0, 1/3, 2/3, 1
-
-
-def elpv_records(limit: int | None = None) -> list[dict]:
-    """The ELPV images as files on disk with their label and cell type, in the package's order."""
-    try:
-        import elpv_dataset
-    except ImportError as error:
-        raise RuntimeError("seed-demo needs the ELPV images: pip install -e '.[demo]' (elpv-dataset)") from error
-    data_dir = Path(elpv_dataset.__file__).parent / "data"
-    records = []
-    with open(data_dir / "labels.csv") as labels:
-        for line in labels:
-            parts = line.split()
-            if len(parts) != 3:
-                continue
-            path, probability, cell_type = parts[0], float(parts[1]), parts[2]
-            records.append(
-                {
-                    "file": data_dir / path,
-                    "label": "defective" if probability >= DEFECT_THRESHOLD else "functional",
-                    "cell_type": cell_type,
-                    "probability": probability,
-                }
-            )
-    return records[:limit] if limit else records
-
-
-def seed_landing(landing_uri: str, batches: int = 3, limit: int | None = None, package_order: bool = False) -> dict[str, int]:
-    """Copy ELPV images (their original PNG bytes) into `<landing>/<batch>/<label>/<type>_<name>`.
-
-    The batches are a stable random deal, as a production line delivers a steady mix of cells. ELPV's own file
-    order groups cells by type and defect rate, so `package_order` batches differ for real: the report flags
-    their drift and label shift."""
-    fs, root = filesystem_for(landing_uri)
-    records = elpv_records(limit)
-    if not package_order:
-        records.sort(key=lambda record: hashlib.sha256(record["file"].name.encode()).hexdigest())
-    counts: dict[str, int] = {}
-    for index, record in enumerate(records):
-        batch = f"elpv-{index * batches // len(records) + 1:02d}"
-        folder = posixpath.join(root, batch, record["label"])
-        fs.create_dir(folder, recursive=True)
-        target = posixpath.join(folder, f"{record['cell_type']}_{record['file'].name}")
-        # Write aside and rename, as a well-behaved uploader does, so a sensor never sees half a file.
-        with fs.open_output_stream(target + "._COPYING_") as out:
-            out.write(record["file"].read_bytes())
-        fs.move(target + "._COPYING_", target)
-        counts[batch] = counts.get(batch, 0) + 1
-    return counts
 
 
 def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) -> int:
@@ -86,16 +34,17 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     from dgx_assets.ingest.landing import scan_landing
     from dgx_assets.partitions import IMAGE_BATCHES
 
-    log_path = settings.state_dir() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    env = settings.environment()
+    log_path = env.state_dir / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"Full event log: {log_path}" + ("" if verbose else "  (--verbose prints it here instead)"), flush=True)
 
-    landing = settings.landing_uri()
+    landing = env.landing_uri
     if not scan_landing(landing):
         from dgx_assets.generation.prompts import write_demo_prompts
 
         counts = seed_landing(landing, batches=batches, limit=limit)
-        write_demo_prompts(settings.prompts_uri())
+        write_demo_prompts(env.prompts_uri)
         print(f"Seeded {sum(counts.values())} ELPV images into {landing} ({len(counts)} batches)")
     ready = [name for name, state in scan_landing(landing).items() if state.complete]
 
@@ -127,7 +76,7 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
         if generator is not None:
             generator.join()  # the build has its own time cap; never leave it running behind the demo
 
-    lake = settings.lake_root()
+    lake = env.lake_root
     print(
         f"\nTook {outcome.seconds():.0f} s in {len(outcome.steps)} steps; the slowest: "
         + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in outcome.slowest(3))
@@ -137,8 +86,8 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     verdict = instance.get_latest_materialization_event(report_key)
     if verdict is not None and verdict.asset_materialization is not None:
         print(f"Verdict: {verdict.asset_materialization.metadata['verdict'].value}")
-    print(f"MLflow store: {settings.mlflow_tracking_uri()}  (make mlflow-ui, then {settings.mlflow_ui_url()})")
-    print(f"Dagster UI with these runs: make dev, then {settings.dagster_ui_url()}")
+    print(f"MLflow store: {env.mlflow_tracking_uri}  (make mlflow-ui, then {env.mlflow_ui_url})")
+    print(f"Dagster UI with these runs: make dev, then {env.dagster_ui_url}")
     print(f"Full event log: {log_path}")
     for gate in outcome.gates:
         print(f"Quality gate held back what follows it: {gate}")
@@ -223,11 +172,12 @@ def execute_for_cli(job, instance, progress: DemoProgress | None = None, log_fil
     import dagster as dg
 
     colored = dg.colored_console_logger
+    notes = RunNotes()  # this call's own: another execution (or test) never sees its runs' checks
 
     @dg.logger(config_schema=colored.config_schema, description=colored.description)
     def console(init_context) -> logging.Logger:
         inner = colored.logger_fn(init_context) if progress is None else None
-        return _GateConsole(inner, progress, log_file)
+        return _GateConsole(inner, progress, log_file, notes)
 
     # Only loggers named in the run config are used; DEBUG is what Dagster's default console shows.
     return job.with_logger_defs({"console": console}).execute_in_process(
@@ -238,20 +188,33 @@ def execute_for_cli(job, instance, progress: DemoProgress | None = None, log_fil
     )
 
 
+@dataclass
+class RunNotes:
+    """What the console loggers of one `execute_for_cli` call remember between records, per run: Dagster makes
+    more than one logger instance for a run (its failure is logged by another), so they share this."""
+
+    # failed blocking check -> its description
+    fixes: dict[str, dict[str, str]] = field(default_factory=dict)
+    # step -> why its asset was held back (champion_model's decision), until the step ends
+    decisions: dict[str, dict[str | None, str]] = field(default_factory=dict)
+    # step -> what a failed warning check found, until the step ends
+    warnings: dict[str, dict[str | None, str]] = field(default_factory=dict)
+
+
 class _GateConsole(logging.Logger):
     """Hands every record to the event log file and to Dagster's console logger or the progress view;
     rewrites the step and run failures a blocking check caused."""
 
-    # failed blocking check -> its description, per run (the run's failure is logged by another logger instance)
-    fixes: ClassVar[dict[str, dict[str, str]]] = {}
-    # step -> why its asset was held back (champion_model's decision), per run, until the step ends
-    decisions: ClassVar[dict[str, dict[str | None, str]]] = {}
-    # step -> what a failed warning check found, per run, until the step ends
-    warnings: ClassVar[dict[str, dict[str | None, str]]] = {}
-
-    def __init__(self, inner: logging.Logger | None, progress: DemoProgress | None = None, log_file=None):
+    def __init__(
+        self,
+        inner: logging.Logger | None,
+        progress: DemoProgress | None = None,
+        log_file=None,
+        notes: RunNotes | None = None,
+    ):
         super().__init__("dgx_demo", logging.DEBUG)
         self._inner, self._progress, self._file = inner, progress, log_file
+        self._notes = RunNotes() if notes is None else notes
 
     def handle(self, record: logging.LogRecord) -> None:
         import dagster as dg
@@ -259,9 +222,9 @@ class _GateConsole(logging.Logger):
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
         run = meta.get("run_id") or ""
-        fixes = self.fixes.setdefault(run, {})
-        decided = self.decisions.setdefault(run, {})
-        warning_checks = self.warnings.setdefault(run, {})
+        fixes = self._notes.fixes.setdefault(run, {})
+        decided = self._notes.decisions.setdefault(run, {})
+        warning_checks = self._notes.warnings.setdefault(run, {})
         held = warned = None
         if event is not None and event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
             summary = _held_back(event.event_specific_data.materialization)
@@ -284,7 +247,7 @@ class _GateConsole(logging.Logger):
             held = "; ".join(f"{name}: {fix}" for name, fix in fixes.items()) or "see the check's description"
             record.msg, record.args = record.msg.split("\n\n")[0] + f" A blocking check held it back. {held}", ()
         if event is not None and event.event_type in (dg.DagsterEventType.RUN_SUCCESS, dg.DagsterEventType.RUN_FAILURE):
-            for per_run in (self.fixes, self.decisions, self.warnings):
+            for per_run in (self._notes.fixes, self._notes.decisions, self._notes.warnings):
                 per_run.pop(run, None)
         if self._file is not None:
             self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {record.levelname} {record.getMessage()}\n")
@@ -293,117 +256,6 @@ class _GateConsole(logging.Logger):
             self._inner.handle(record)
         if self._progress is not None:
             self._progress.event(meta.get("step_key"), event, record.getMessage(), held, progress_of(record), warned)
-
-
-_WORKING_BAR = "{desc}  working {elapsed}"
-_TASKS_BAR = "{desc} |{bar}| {n_fmt}/{total_fmt} Spark tasks [{elapsed}]"
-_EPOCHS_BAR = "{desc}  epoch {n_fmt} done [{elapsed}]  {postfix}"
-
-
-class DemoProgress:
-    """`make demo`'s console: one line per step (status and time) and, on a terminal, a progress bar while a
-    step works: Spark tasks for ingest, features and generation, epochs for training, elapsed time for the
-    generator build."""
-
-    def __init__(self, stream, bars: bool | None = None):
-        self.stream = stream
-        self.bars = stream.isatty() if bars is None else bars
-        self.started: dict[str, float] = {}
-        self._bar = None
-        self._ticker: threading.Thread | None = None
-
-    def header(self, text: str) -> None:
-        self._close_bar()
-        print(f"\n{text}", file=self.stream, flush=True)
-
-    def event(
-        self,
-        step: str | None,
-        event,
-        message: str,
-        held: str | None = None,
-        progress: dict | None = None,
-        warned: str | None = None,
-    ) -> None:
-        """One record of the run: a Dagster event (step started or ended) or, while a step works, the structured
-        progress the record carries (dgx_assets/progress.py); the text is shown, never parsed. `held`: why the
-        step's asset was held back; `warned`: what the step's failed warning check found."""
-        import dagster as dg
-
-        kind = event.event_type if event is not None else None
-        if kind == dg.DagsterEventType.STEP_START and step:
-            self.started[step] = time.monotonic()
-            self._open_bar(step, unit="tasks")
-        elif (
-            kind in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED)
-            and step
-        ):
-            self._close_bar()
-            seconds = time.monotonic() - self.started.pop(step, time.monotonic())
-            if held:
-                status = "held back"
-            elif warned and kind == dg.DagsterEventType.STEP_SUCCESS:
-                status = "warning"
-            elif kind == dg.DagsterEventType.STEP_SUCCESS:
-                status = "ok"
-            elif kind == dg.DagsterEventType.STEP_SKIPPED:
-                status = "skipped"
-            else:
-                status = "FAILED"
-            self._line(f"  {step:<46} {status:<10} {seconds:7.1f} s")
-            if held:
-                self._line(f"      what to fix: {held}")
-            elif warned and status == "warning":
-                self._line(f"      {warned.splitlines()[0][:300]}")
-            elif status == "FAILED":
-                self._line(f"      {message.splitlines()[0][:300]}")
-        elif progress is not None and step and self._bar is not None:
-            self._advance(progress)
-
-    def _advance(self, progress: dict) -> None:
-        bar = self._bar
-        assert bar is not None  # event() advances only an open bar
-        kind = progress.get("kind")
-        if kind == "spark_tasks":
-            bar.unit, bar.total, bar.n = "tasks", int(progress["total"]), int(progress["done"])
-            bar.bar_format = _TASKS_BAR
-        elif kind == "epoch":
-            bar.unit, bar.total, bar.n = "epochs", None, int(progress["epoch"])
-            bar.bar_format = _EPOCHS_BAR
-            metrics = ", ".join(f"{name}={value:.4f}" for name, value in progress.get("metrics", {}).items())
-            bar.set_postfix_str(metrics[:70], refresh=False)
-        elif kind == "phase":
-            bar.set_description_str(str(progress["phase"]), refresh=False)
-        else:
-            return
-        bar.refresh()
-
-    def _open_bar(self, step: str, unit: str) -> None:
-        self._close_bar()
-        if not self.bars:
-            return
-        from tqdm import tqdm
-
-        self._bar = tqdm(
-            desc=f"  {step}", total=None, unit=unit, file=self.stream, leave=False, dynamic_ncols=True, bar_format=_WORKING_BAR
-        )
-        self._ticker = threading.Thread(target=self._tick, args=(self._bar,), daemon=True)
-        self._ticker.start()
-
-    def _tick(self, bar) -> None:
-        """Keeps the elapsed time moving while a step logs nothing (the generator build, a long epoch)."""
-        while self._bar is bar:
-            time.sleep(1.0)
-            if self._bar is bar:
-                bar.refresh()
-
-    def _close_bar(self) -> None:
-        bar, self._bar = self._bar, None
-        if bar is not None:
-            bar.close()
-
-    def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
 
 
 def _check_name(evaluation) -> str:

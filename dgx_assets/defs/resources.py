@@ -32,43 +32,37 @@ class LakeResource(dg.ConfigurableResource):
     def lake(self) -> Lake:
         from dgx_assets.lake.store import Lake  # pyarrow: loaded by runs, not by every sensor tick of the code location
 
-        return Lake(self.root or settings.lake_root(), catalog_uri=self.catalog)
+        return Lake(self.root or settings.environment().lake_root, catalog_uri=self.catalog)
 
     @property
     def landing_uri(self) -> str:
-        return self.landing or settings.landing_uri(self.lake.root)
+        return self.landing or settings.environment().with_lake(self.lake.root).landing_uri
 
     @property
     def prompts_uri(self) -> str:
-        return self.prompts or settings.prompts_uri(self.lake.root)
+        return self.prompts or settings.environment().with_lake(self.lake.root).prompts_uri
 
 
 class MlflowResource(dg.ConfigurableResource, TrackingSettings):
-    """The MLflow tracking store and the registered model every training run versions."""
-
-    @property
-    def resolved_tracking_uri(self) -> str:
-        return self.tracking_uri or settings.mlflow_tracking_uri()
-
-    @property
-    def resolved_ui_url(self) -> str:
-        return (self.ui_url or "").rstrip("/") or settings.mlflow_ui_url()
+    """The MLflow tracking store and the registered model every training run versions. A field left None takes
+    the environment's value (MLFLOW_TRACKING_URI, DGX_MLFLOW_UI_URL) in `tracking_config()`, the one place."""
 
     def tracking_config(self, registered_model_name: Optional[str] = None) -> TrackingConfig:
         """The settings a tracked run takes, resolved now (another registered name for another model family)."""
+        env = settings.environment()
         return TrackingConfig(
-            tracking_uri=self.resolved_tracking_uri,
+            tracking_uri=self.tracking_uri or env.mlflow_tracking_uri,
             experiment_name=self.experiment_name,
             registered_model_name=registered_model_name or self.registered_model_name,
-            ui_url=self.resolved_ui_url,
-            dagster_ui_url=settings.dagster_ui_url(),
+            ui_url=(self.ui_url or "").rstrip("/") or env.mlflow_ui_url,
+            dagster_ui_url=env.dagster_ui_url,
         )
 
 
 class SparkResource(dg.ConfigurableResource):
-    """A SparkSession shared by every asset of a run, configured for `local`, `standalone` or `k8s`."""
+    """A SparkSession shared by every asset of a run, configured for DGX_DEPLOYMENT (`local`, `standalone` or
+    `k8s`): the deployment the executor follows too (definitions.py), so it is no field here."""
 
-    deployment: Optional[str] = None  # None: DGX_DEPLOYMENT, else "local"
     master: Optional[str] = None  # None: DGX_SPARK_MASTER
     spark_conf: dict[str, Any] = {}  # overrides, applied last
 
@@ -76,8 +70,8 @@ class SparkResource(dg.ConfigurableResource):
 
     @property
     def spark_config(self) -> dict[str, str]:
-        deployment = self.deployment or settings.deployment()
-        conf = profile_conf(deployment, self.master or settings.spark_master())
+        env = settings.environment()
+        conf = profile_conf(env.deployment, self.master or env.spark_master)
         return conf | {key: str(value) for key, value in self.spark_conf.items()}
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

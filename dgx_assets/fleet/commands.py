@@ -50,7 +50,7 @@ def register(subparsers) -> None:
 def _tracking_uri(given: str | None) -> str:
     from dgx_assets import settings
 
-    return given or settings.mlflow_tracking_uri()
+    return given or settings.environment().mlflow_tracking_uri
 
 
 def run_fetch(args) -> int:

@@ -12,7 +12,7 @@ from dgx_assets import settings
 def _lake(args: argparse.Namespace):
     from dgx_assets.lake.store import Lake
 
-    return Lake(args.lake or settings.lake_root(), catalog_uri=args.catalog)
+    return Lake(args.lake or settings.environment().lake_root, catalog_uri=args.catalog)
 
 
 def _snapshots(args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.mlflow_run:
         from mlflow import MlflowClient
 
-        tags = MlflowClient(settings.mlflow_tracking_uri()).get_run(args.mlflow_run).data.tags
+        tags = MlflowClient(settings.environment().mlflow_tracking_uri).get_run(args.mlflow_run).data.tags
         if "dgx.snapshot_id" not in tags:
             print(f"MLflow run {args.mlflow_run} names no table snapshot (tags dgx.table, dgx.snapshot_id)")
             return 2

@@ -46,9 +46,8 @@ class Lake:
             from dgx_assets import settings
             from dgx_assets.lake.tables import LakeTables
 
-            self._tables = LakeTables(
-                self, self.catalog_uri or settings.catalog_uri(self.root), self.warehouse or settings.catalog_warehouse(self.root)
-            )
+            env = settings.environment().with_lake(self.root)  # the defaults beside this lake, not DGX_LAKE_ROOT's
+            self._tables = LakeTables(self, self.catalog_uri or env.catalog_uri, self.warehouse or env.catalog_warehouse)
         return self._tables
 
     # --- naming -------------------------------------------------------------------------------

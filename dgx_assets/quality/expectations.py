@@ -74,7 +74,7 @@ def run_suite(dataframe, suite_name: str, expectations: list, gx_root: Path, run
 
 def data_docs_site(gx_root: Path | None = None) -> Path:
     """GE's data docs site of the context under `gx_root` (default `<state>/gx`): what the docs server serves."""
-    return (gx_root or settings.state_dir() / "gx") / "gx" / "uncommitted" / "data_docs" / "local_site"
+    return (gx_root or settings.environment().state_dir / "gx") / "gx" / "uncommitted" / "data_docs" / "local_site"
 
 
 def docs_address(site_url: str) -> str:
@@ -87,7 +87,7 @@ def docs_address(site_url: str) -> str:
     page, site = Path(unquote(urlparse(site_url).path)).resolve(), data_docs_site().resolve()
     if not page.is_relative_to(site):
         return site_url
-    return links.docs_page(settings.docs_url(), links.DATA_DOCS_ROUTE, *page.relative_to(site).parts)
+    return links.docs_page(settings.environment().docs_url, links.DATA_DOCS_ROUTE, *page.relative_to(site).parts)
 
 
 def _get_or_add(get, add, name):

@@ -28,7 +28,7 @@ def routes() -> dict:
     from dgx_assets.lake.store import Lake
     from dgx_assets.quality.expectations import data_docs_site
 
-    lake = Lake(settings.lake_root())
+    lake = Lake(settings.environment().lake_root)
     return {REPORT_ROUTE: Lake(lake.asset_uri(REPORT_ROUTE)), DATA_DOCS_ROUTE: Lake(str(data_docs_site()))}
 
 

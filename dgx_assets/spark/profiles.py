@@ -11,7 +11,8 @@ from dgx_assets import settings
 
 
 def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
-    """Spark settings for a deployment, before the user's overrides."""
+    """Spark settings for a deployment, before the user's overrides; the rest comes from the environment now."""
+    env = settings.environment()
     common = {
         "spark.app.name": "dgx_assets",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -23,7 +24,7 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         "spark.eventLog.enabled": "true",
     }
     if deployment == "local":
-        event_dir = settings.state_dir() / "spark-events"
+        event_dir = env.state_dir / "spark-events"
         return common | {
             "spark.master": master or "local[*]",
             "spark.driver.host": "127.0.0.1",
@@ -50,7 +51,7 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         "spark.executor.cores": "4",
         "spark.executor.memory": "8g",
         "spark.network.timeout": "120s",
-        "spark.eventLog.dir": settings.spark_event_log(),
+        "spark.eventLog.dir": env.spark_event_log,
     }
     if deployment == "standalone":
         if not master.startswith("spark://"):
@@ -64,8 +65,8 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
         | {
             "spark.master": master,
             "spark.submit.deployMode": "client",
-            "spark.kubernetes.namespace": settings.k8s_namespace(),
-            "spark.kubernetes.container.image": settings.spark_image(),
+            "spark.kubernetes.namespace": env.k8s_namespace,
+            "spark.kubernetes.container.image": env.spark_image,
             "spark.executor.instances": "2",
             "spark.kubernetes.executor.request.cores": "4",
             "spark.kubernetes.executor.limit.cores": "4",
@@ -76,7 +77,7 @@ def profile_conf(deployment: str, master: str | None) -> dict[str, str]:
             "spark.kubernetes.executor.podTemplateFile": "/opt/dgx_assets/deploy/spark/executor-pod-template.yaml",
             "spark.kubernetes.executor.podTemplateContainerName": "executor",
             # Client mode: the step pod is the driver; executors reach it on the pod's own address.
-            "spark.driver.host": settings.pod_ip(),
+            "spark.driver.host": env.pod_ip,
             "spark.driver.bindAddress": "0.0.0.0",
         }
     )

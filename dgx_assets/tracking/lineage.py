@@ -58,7 +58,7 @@ def dataset_digest(entries: Sequence[FileEntry], splits: Sequence[str]) -> str:
 
 def code_revision() -> str | None:
     """The git commit of the code (DGX_GIT_COMMIT when the image was built without .git)."""
-    if commit := settings.git_commit():
+    if commit := settings.environment().git_commit:
         return commit
     try:
         completed = subprocess.run(

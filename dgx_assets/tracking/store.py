@@ -50,6 +50,7 @@ class TrackingConfig(TrackingSettings):
     model_config = ConfigDict(frozen=True)
 
     tracking_uri: str  # pyright: ignore[reportGeneralTypeIssues]  # required: resolved, never None here
+    ui_url: str = ""  # pyright: ignore[reportIncompatibleVariableOverride]  # resolved; "" where no UI links are wanted
     dagster_ui_url: Optional[str] = None  # where a browser opens Dagster (links back from MLflow)
 
 

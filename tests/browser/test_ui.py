@@ -57,7 +57,7 @@ def _materialize(instance, generator: Path) -> dg.ExecuteInProcessResult:
     from dgx_assets.generation.prompts import write_demo_prompts
 
     instance.add_dynamic_partitions("image_batches", list(BATCHES))
-    write_demo_prompts(settings.prompts_uri(), width=64, height=64)
+    write_demo_prompts(settings.environment().prompts_uri, width=64, height=64)
     job = defs.resolve_implicit_global_asset_job_def()
     features = {"image_height": 32, "image_width": 32, "batch_rows": 64, "embedding": "none"}
     for batch in BATCHES:

@@ -13,7 +13,7 @@ from support.quick_generator import cached_quick_generator
 
 from dgx_assets.defs.generation.resources import ErnieServingResource
 from dgx_assets.defs.resources import LakeResource, MlflowResource
-from dgx_assets.demo import seed_landing
+from dgx_assets.demo_seed import seed_landing
 from dgx_assets.edge import definitions as edge
 from dgx_assets.generation import definitions as generation
 from dgx_assets.generation.prompts import write_demo_prompts

@@ -28,11 +28,12 @@ def test_one_setting_picks_the_catalog_kind(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="DGX_CATALOG_URI='ftp://x'"):
         catalog_properties("ftp://x", "file:///w")
     # Default: a sqlite file beside a local lake; under the state folder for a remote one.
-    assert settings.catalog_uri(str(tmp_path / "lake")) == f"sqlite:///{tmp_path / 'lake' / 'iceberg_catalog.db'}"
-    assert settings.catalog_uri("hdfs://nn:8020/lake") == f"sqlite:///{settings.state_dir() / 'iceberg_catalog.db'}"
-    assert settings.catalog_warehouse("hdfs://nn:8020/lake") == "hdfs://nn:8020/lake/warehouse"
+    env = settings.environment()
+    assert env.with_lake(str(tmp_path / "lake")).catalog_uri == f"sqlite:///{tmp_path / 'lake' / 'iceberg_catalog.db'}"
+    assert env.with_lake("hdfs://nn:8020/lake").catalog_uri == f"sqlite:///{env.state_dir / 'iceberg_catalog.db'}"
+    assert env.with_lake("hdfs://nn:8020/lake").catalog_warehouse == "hdfs://nn:8020/lake/warehouse"
     monkeypatch.setenv("DGX_CATALOG_URI", "thrift://metastore:9083")
-    assert settings.catalog_uri(str(tmp_path)) == "thrift://metastore:9083"
+    assert settings.environment().with_lake(str(tmp_path)).catalog_uri == "thrift://metastore:9083"
 
 
 def test_a_webhdfs_warehouse_is_refused_with_what_to_set(tmp_path):
@@ -207,7 +208,7 @@ def test_tables_on_an_hdfs_warehouse_go_through_pyarrows_hadoop_filesystem(tmp_p
     first = commit_rows(lake_root, "raw_images", rows("b1", 1), "b1")
     commit_rows(lake_root, "raw_images", rows("b1", 2), "b1")
     tables = Lake(lake_root).tables
-    assert tables.catalog_uri == f"sqlite:///{settings.state_dir() / 'iceberg_catalog.db'}"  # a remote lake's default
+    assert tables.catalog_uri == f"sqlite:///{settings.environment().state_dir / 'iceberg_catalog.db'}"  # a remote lake's default
     snapshot = tables.snapshot("raw_images")
     assert snapshot.uris and all(
         uri.startswith(f"hdfs://namenode:8020{tmp_path}/lake/warehouse/dgx/raw_images/data/") for uri in snapshot.uris

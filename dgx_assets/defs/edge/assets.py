@@ -32,13 +32,13 @@ def edge_model(
     from dgx_assets.edge.build import build_edge_model
 
     try:
-        result = build_edge_model(lake.lake, config, mlflow.resolved_tracking_uri, log=context.log.info)
+        result = build_edge_model(lake.lake, config, mlflow.tracking_config().tracking_uri, log=context.log.info)
     except ValueError as error:  # missing upstream data or a bad setting: say what to fix, not a traceback
         raise dg.Failure(description=str(error)) from error
     report, spec, ladder = result.report, result.spec, result.ladder
     run_url = result.info.get("mlflow_run_url")
     version_url = links.mlflow_model_version(
-        mlflow.resolved_ui_url, result.info["registered_model_name"], str(result.info["model_version"])
+        mlflow.tracking_config().ui_url, result.info["registered_model_name"], str(result.info["model_version"])
     )
     return dg.MaterializeResult(
         metadata={

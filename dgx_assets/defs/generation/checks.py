@@ -49,7 +49,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
             gx.expectations.ExpectColumnValuesToBeInSet(column="status", value_set=[table.VALID], mostly=config.min_valid_share),  # pyright: ignore[reportPrivateImportUsage]
             gx.expectations.ExpectColumnValuesToBeUnique(column="file_name"),  # pyright: ignore[reportPrivateImportUsage]
         ],
-        settings.state_dir() / "gx",
+        settings.environment().state_dir / "gx",
         f"{ASSET_KEY}.generated_images_valid",
     )
     passed = summary["sent"] > 0 and outcome.success and summary["valid_share"] >= config.min_valid_share

@@ -21,7 +21,7 @@ from pydantic import Field
 from dgx_assets import settings
 from dgx_assets.config_parts import part_of
 from dgx_assets.generation import launcher
-from dgx_assets.generation.client import ClientBehaviour, ClientSettings, parse_endpoints
+from dgx_assets.generation.client_settings import ClientBehaviour, ClientSettings, parse_endpoints
 from dgx_assets.progress import log_progress
 
 LOCAL = "local"
@@ -29,7 +29,7 @@ TOKEN_VARIABLE = "ERNIE_SERVING_TOKEN"  # how a launched local server receives t
 
 
 def default_model_dir() -> Path:
-    return settings.state_dir() / "ernie_generator"
+    return settings.environment().state_dir / "ernie_generator"
 
 
 class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
@@ -51,17 +51,15 @@ class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
     startup_timeout_s: float = 180.0
     tasks: int = Field(default=0, description="Spark tasks to spread prompts over; 0 = one per endpoint (min 2)")
 
-    @property
-    def resolved_token(self) -> Optional[str]:
-        return self.token or settings.ernie_token()
-
-    @property
-    def resolved_endpoints(self) -> str:
-        return (self.endpoints or settings.ernie_endpoints()).strip()
+    def _connection(self) -> tuple[str, Optional[str], str]:
+        """The endpoints, the token and the deployment: the fields left None taken from the environment now
+        (DGX_ERNIE_ENDPOINTS, DGX_ERNIE_TOKEN), the one place this resource reads it."""
+        env = settings.environment()
+        return (self.endpoints or env.ernie_endpoints).strip(), self.token or env.token, env.deployment
 
     @property
     def is_local(self) -> bool:
-        return self.resolved_endpoints.lower() == LOCAL
+        return self._connection()[0].lower() == LOCAL
 
     @property
     def local_model_dir(self) -> Path:
@@ -76,7 +74,7 @@ class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
     def client_settings(self, urls: tuple[str, ...]) -> ClientSettings:
         return ClientSettings(
             endpoints=urls,
-            token=self.resolved_token,
+            token=self._connection()[1],
             **part_of(self, ClientBehaviour).model_dump(),
         )
 
@@ -87,12 +85,13 @@ class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
     def serving(self, log=None) -> Iterator[tuple[str, ...]]:
         """The endpoint URLs for this run; in local mode the servers live exactly as long as the block."""
         say = log.info if log is not None else (lambda message: None)
-        if not self.is_local:
-            urls = parse_endpoints(self.resolved_endpoints)
+        endpoints, token, deployment = self._connection()
+        if endpoints.lower() != LOCAL:
+            urls = parse_endpoints(endpoints)
             say(f"ERNIE-Image endpoints: {', '.join(urls)} ({self.protocol})")
             yield urls
             return
-        if settings.deployment() != "local" and log is not None:
+        if deployment != "local" and log is not None:
             log.warning(
                 "DGX_ERNIE_ENDPOINTS=local starts the servers on this host's loopback: executors on other "
                 "hosts cannot reach them. On a cluster, list the serving URLs in DGX_ERNIE_ENDPOINTS."
@@ -107,10 +106,14 @@ class ErnieServingResource(dg.ConfigurableResource, ClientBehaviour):
             )
             launcher.ensure_generator(model_dir)
         env = dict(os.environ)
-        options: dict = {"log_dir": settings.state_dir() / "serving-logs", "env": env, "timeout_s": self.startup_timeout_s}
+        options: dict = {
+            "log_dir": settings.environment().state_dir / "serving-logs",
+            "env": env,
+            "timeout_s": self.startup_timeout_s,
+        }
         extra = ["--service-name", self.service_name]
-        if self.resolved_token:
-            env[TOKEN_VARIABLE] = self.resolved_token
+        if token:
+            env[TOKEN_VARIABLE] = token
             options["token_env"] = TOKEN_VARIABLE
         gpu_ids = [int(x) for x in self.gpu_ids.split(",") if x.strip()] if self.gpu_ids else None
         servers = launcher.start_local_servers(self.local_instances, model_dir, gpu_ids=gpu_ids, extra_args=extra, **options)

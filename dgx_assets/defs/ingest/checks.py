@@ -70,7 +70,7 @@ def _batch_suite(
     `__none__` otherwise)."""
     frame = _partition_frame(spark, lake, batch, valid_only=valid_only)
     run_name = f"{raw_images.key.to_user_string()}.{context.check_specs[0].name}[{batch}]"
-    return run_suite(frame, suite, expectations, settings.state_dir() / "gx", run_name)
+    return run_suite(frame, suite, expectations, settings.environment().state_dir / "gx", run_name)
 
 
 def _each_batch(context: dg.AssetCheckExecutionContext, evaluate) -> dg.AssetCheckResult:

@@ -37,4 +37,4 @@ def build_retraining_schedule(cron_schedule: str = DEFAULT_RETRAIN_CRON, timezon
 # The cron is read when the code location loads (DGX_RETRAIN_CRON, DGX_RETRAIN_TIMEZONE), not at import.
 @dg.definitions
 def retraining_schedule() -> dg.Definitions:
-    return dg.Definitions(jobs=[retrain_job], schedules=[build_retraining_schedule(*settings.retrain_schedule())])
+    return dg.Definitions(jobs=[retrain_job], schedules=[build_retraining_schedule(*settings.environment().retrain_schedule)])

@@ -88,7 +88,7 @@ def trained_model(
         code_version=TRAINED_MODEL_CODE_VERSION,
         job_name=context.job_name,
     )
-    checkpoints = config.checkpoint_dir or str(Path(settings.state_dir()) / "checkpoints" / "trained_model")
+    checkpoints = config.checkpoint_dir or str(Path(settings.environment().state_dir) / "checkpoints" / "trained_model")
     context.log.info(f"Training on {len(files.paths)} files of image_features {partitions} (snapshot {files.snapshot_id})")
     distribution, trainer = _trainer_for(context, config, spark)
     train_config = config.train_config().model_copy(update={"distribution": distribution})
@@ -130,7 +130,7 @@ def _trainer_for(context: dg.AssetExecutionContext, config: TrainedModelConfig, 
     from dgx_assets import settings
     from dgx_assets.training.distributed import resolve_distribution
 
-    distribution = resolve_distribution(config.distribution, spark.deployment or settings.deployment())
+    distribution = resolve_distribution(config.distribution, settings.environment().deployment)
     if distribution != "spark":
         return distribution, None
     import functools

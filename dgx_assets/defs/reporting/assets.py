@@ -48,15 +48,15 @@ def quality_report(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
     from dgx_assets.reporting import render  # pyarrow, scipy, matplotlib, jinja2: only when a report is made
 
     store = lake.lake
-    data = _gather(context.instance, store, mlflow.resolved_tracking_uri)
+    data = _gather(context.instance, store, mlflow.tracking_config().tracking_uri)
     verdict = _verdict(data)
-    links = _links(context.run_id, data, mlflow.resolved_ui_url)
+    links = _links(context.run_id, data, mlflow.tracking_config().ui_url)
     page = render.render_html(data, verdict, links)
     report_uri = store.uri(REPORT_ROUTE, REPORT_PAGE)
     store.write_bytes(report_uri, page.encode())
     run_id = (data.model or {}).get("mlflow_run_id")
     if run_id:
-        _log_to_mlflow(mlflow.resolved_tracking_uri, run_id, page)
+        _log_to_mlflow(mlflow.tracking_config().tracking_uri, run_id, page)
     context.log.info(f"quality report: {verdict.level} -> {report_uri}")
     return dg.MaterializeResult(
         metadata={
@@ -135,8 +135,8 @@ def _links(report_run_id: str, data, mlflow_ui: str) -> dict[str, str]:
     from dgx_assets import settings
     from dgx_assets.reporting.render import DECISION_RUN
 
-    dagster_ui = settings.dagster_ui_url()
-    links = {REPORT: urls.docs_page(settings.docs_url(), REPORT_ROUTE, REPORT_PAGE)}
+    dagster_ui = settings.environment().dagster_ui_url
+    links = {REPORT: urls.docs_page(settings.environment().docs_url, REPORT_ROUTE, REPORT_PAGE)}
     if data.promotion:  # the run that decided, which is what a reader of the verdict wants to open
         links[DECISION_RUN] = urls.dagster_run(dagster_ui, data.promotion["run_id"])
     links["the Dagster run that made this report"] = urls.dagster_run(dagster_ui, report_run_id)

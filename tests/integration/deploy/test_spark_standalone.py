@@ -173,15 +173,15 @@ def gpu_binding_probe():
 
 
 @pytest.mark.timeout(300)
-def test_standalone_tasks_each_get_and_bind_their_own_gpu(standalone_cluster, tmp_path):
+def test_standalone_tasks_each_get_and_bind_their_own_gpu(standalone_cluster, tmp_path, monkeypatch):
     master_url, state, logs = standalone_cluster
     [worker] = state["workers"]
     # spark-env.sh offered two GPUs and gpu-discovery.sh reported exactly the allowed ones.
     assert worker["state"] == "ALIVE"
     assert sorted(worker["resources"]["gpu"]["addresses"]) == ALLOWED_GPUS
 
+    monkeypatch.setenv("DGX_DEPLOYMENT", "standalone")
     spark = SparkResource(
-        deployment="standalone",
         master=master_url,
         spark_conf=APPLICATION_CONF,
     )
@@ -272,13 +272,13 @@ def tiny_feature_files(folder: Path):
 
 
 @pytest.mark.timeout(300)
-def test_standalone_training_workers_each_bind_their_own_gpu(standalone_cluster, tmp_path):
+def test_standalone_training_workers_each_bind_their_own_gpu(standalone_cluster, tmp_path, monkeypatch):
     from dgx_assets.training.config import TrainConfig
     from dgx_assets.training.distributed import train_on_spark
 
     master_url, _, _ = standalone_cluster
+    monkeypatch.setenv("DGX_DEPLOYMENT", "standalone")
     spark = SparkResource(
-        deployment="standalone",
         master=master_url,
         spark_conf=APPLICATION_CONF,
     )

@@ -38,7 +38,7 @@ def table_rows(lake_root: Path) -> list[dict]:
 
 def server_pids_in_logs() -> set[int]:
     pids = set()
-    for log in (settings.state_dir() / "serving-logs").rglob("*.log"):
+    for log in (settings.environment().state_dir / "serving-logs").rglob("*.log"):
         pids |= {int(pid) for pid in re.findall(r"pid=(\d+)\]", log.read_text(errors="replace"))}
     return pids
 

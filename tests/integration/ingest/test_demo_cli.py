@@ -11,7 +11,8 @@ from imagefactory import write_mostly_corrupt_batch
 from dgx_assets.defs.ingest.assets import raw_images
 from dgx_assets.defs.ingest.checks import raw_image_checks
 from dgx_assets.defs.resources import LakeResource, SparkResource
-from dgx_assets.demo import DemoProgress, _DemoOutcome, execute_for_cli
+from dgx_assets.demo import _DemoOutcome, execute_for_cli
+from dgx_assets.demo_console import DemoProgress
 from dgx_assets.partitions import image_batches
 
 FIX = "Only 14.3% of batch bad decoded as images (at least 80% needed)"

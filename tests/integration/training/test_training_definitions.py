@@ -115,7 +115,7 @@ def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained
     version_page = f"/#/models/{MODEL_NAME}/versions/{info['model_version']}?workflowType=machine_learning"
     assert metadata["mlflow_model_version"].value.endswith(version_page)  # in MLflow's model-training view
 
-    client = MlflowClient(resources["mlflow"].resolved_tracking_uri)
+    client = MlflowClient(resources["mlflow"].tracking_config().tracking_uri)
     run = client.get_run(info["mlflow_run_id"])
     assert run.data.tags["dagster.run_id"] == trained.run_id
     assert run.data.tags["dagster.partition_keys"] == "b0,b1"
@@ -127,7 +127,7 @@ def test_trained_model_writes_the_contract_and_links_to_mlflow(platform, trained
     assert metadata["image_features_snapshot_id"].value == str(features.snapshot_id)
     assert metadata["used_searched_hyperparameters"].value is False and "searched_hyperparameters" not in metadata
     # The documented command rebuilds the training set from the run alone: the same rows as the snapshot's files.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", resources["mlflow"].resolved_tracking_uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", resources["mlflow"].tracking_config().tracking_uri)
     out = root / "training-set.parquet"
     lake_args = ["lake", "--lake", str(root / "lake")]
     assert cli.main([*lake_args, "export", "--mlflow-run", info["mlflow_run_id"], "--out", str(out), "--columns", "sha256"]) == 0
@@ -145,7 +145,7 @@ def _run_gate(platform, **config) -> dg.AssetCheckResult:
     """The gate on the version `trained` registered, judged again with other settings (no retraining)."""
     instance, resources, root = platform
     info = json.loads((root / "lake" / "trained_model" / "model_info.json").read_text())
-    return model_gate_result(info, resources["mlflow"].resolved_tracking_uri, ModelGateSettings(**config))
+    return model_gate_result(info, resources["mlflow"].tracking_config().tracking_uri, ModelGateSettings(**config))
 
 
 def test_gate_fails_a_model_that_does_not_beat_guessing_by_the_margin(platform, trained):
@@ -163,7 +163,7 @@ def test_gate_compares_with_the_champion(platform, trained):
     from mlflow import MlflowClient
 
     instance, resources, root = platform
-    client = MlflowClient(resources["mlflow"].resolved_tracking_uri)
+    client = MlflowClient(resources["mlflow"].tracking_config().tracking_uri)
     info = json.loads((root / "lake" / "trained_model" / "model_info.json").read_text())
     accuracy = info["test_metrics"]["accuracy"]
     # An earlier, stronger champion: the new model trails it by more than the tolerance.
@@ -246,7 +246,7 @@ def test_trained_model_says_when_it_took_the_searched_hyperparameters(platform, 
     assert metadata["used_searched_hyperparameters"].value is True
     assert metadata["searched_hyperparameters"].value == best
     assert metadata["hyperparameter_search_mlflow_run_id"].value == "search-run-1"
-    params = MlflowClient(resources["mlflow"].resolved_tracking_uri).get_run(metadata["mlflow_run_id"].value).data.params
+    params = MlflowClient(resources["mlflow"].tracking_config().tracking_uri).get_run(metadata["mlflow_run_id"].value).data.params
     assert (float(params["learning_rate"]), float(params["dropout"]), int(params["batch_size"])) == (0.00123, 0.125, 8)
 
 
@@ -263,7 +263,7 @@ def test_trained_model_trains_on_spark_barrier_tasks_with_distribution_spark(pla
     assert result.success
     metadata = result.asset_materializations_for_node("trained_model")[0].metadata
     assert metadata["strategy"].value.startswith("MultiWorkerMirroredStrategy x1")  # local[2]: one barrier task
-    run = MlflowClient(resources["mlflow"].resolved_tracking_uri).get_run(metadata["mlflow_run_id"].value)
+    run = MlflowClient(resources["mlflow"].tracking_config().tracking_uri).get_run(metadata["mlflow_run_id"].value)
     assert run.data.params["distribution"] == "spark" and run.data.params["workers"] == "1"
 
     refused = dg.materialize(
