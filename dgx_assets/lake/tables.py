@@ -66,6 +66,10 @@ class LegacyLayoutError(RuntimeError):
     """The lake still holds a table in the folder layout of before Iceberg; the message names the command."""
 
 
+# (lake root, table) pairs found free of the folder layout in this process; a layout found is refused every time.
+_LAYOUT_CHECKED: set[tuple[str, str]] = set()
+
+
 def catalog_properties(uri: str, warehouse: str) -> dict[str, str]:
     """pyiceberg's properties for the catalog named by one URI (DGX_CATALOG_URI)."""
     scheme = urlparse(uri).scheme
@@ -330,11 +334,17 @@ class LakeTables:
         return [path for path in visible_files(self.lake.fs, folder, ".parquet") if f"/{PARTITION_COLUMN}=" in path]
 
     def refuse_legacy(self, name: str) -> None:
-        if not self.allow_legacy and name in TABLES and self.legacy_files(name):
-            raise LegacyLayoutError(
-                f"{self.lake.uri(name)} is a table in the folder layout of before Iceberg: run `dgx-assets lake migrate` "
-                "once (it converts every such table of the lake into an Iceberg table, batch by batch), then run again"
-            )
+        """Once per process and table: a recursive listing per open would be a namenode listing on HDFS each time."""
+        checked = (self.lake.root, name)
+        if self.allow_legacy or name not in TABLES or checked in _LAYOUT_CHECKED:
+            return
+        if not self.legacy_files(name):
+            _LAYOUT_CHECKED.add(checked)
+            return
+        raise LegacyLayoutError(
+            f"{self.lake.uri(name)} is a table in the folder layout of before Iceberg: run `dgx-assets lake migrate` "
+            "once (it converts every such table of the lake into an Iceberg table, batch by batch), then run again"
+        )
 
 
 def _file_schema(lake: Lake, uri: str) -> pa.Schema:

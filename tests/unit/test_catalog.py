@@ -152,6 +152,16 @@ def test_a_folder_layout_lake_is_refused_until_migrated_then_read_as_iceberg(tmp
     assert migrate(Lake(str(lake_root))) == {}  # nothing left to convert: nothing is read twice
 
 
+def test_the_folder_layout_is_looked_for_once_per_process_and_table_not_on_every_open(tmp_path):
+    lake_root = tmp_path / "lake"
+    tables = Lake(str(lake_root)).tables
+    assert tables.snapshot("raw_images").snapshot_id is None  # looked for, none found
+    _legacy_lake(lake_root)  # appears later: the recursive listing is not repeated for raw_images...
+    assert Lake(str(lake_root)).tables.snapshot("raw_images").snapshot_id is None
+    with pytest.raises(LegacyLayoutError):  # ...but ernie_generated_images is looked at on its first open
+        Lake(str(lake_root)).tables.snapshot("ernie_generated_images")
+
+
 def test_maintenance_deletes_the_png_folders_no_kept_snapshot_names(tmp_path):
     import datetime as dt
 
