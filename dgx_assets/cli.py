@@ -7,10 +7,9 @@ import contextlib
 import signal
 import sys
 
-from dgx_assets import settings
-
 
 def _seed_demo(args: argparse.Namespace) -> int:
+    from dgx_assets import settings
     from dgx_assets.demo_seed import seed_landing
     from dgx_assets.generation.prompts import write_demo_prompts
 
@@ -32,6 +31,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _docs_server(args: argparse.Namespace) -> int:
     from urllib.parse import urlsplit
 
+    from dgx_assets import settings
     from dgx_assets.reporting.docs_server import serve
 
     default = urlsplit(settings.environment().docs_url)

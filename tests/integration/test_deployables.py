@@ -20,7 +20,9 @@ def _imported_by(code: str) -> set[str]:
 
 def test_the_code_location_loads_without_paddle_or_the_serving_stack():
     """What the webserver, the daemon and each sensor tick do: import the module and resolve its definitions."""
-    imported = _imported_by("import dgx_assets.definitions as d\ndefs = d.defs()\ndefs.resolve_asset_graph()\ndefs.resolve_all_job_defs()")
+    imported = _imported_by(
+        "import dgx_assets.definitions as d\ndefs = d.defs()\ndefs.resolve_asset_graph()\ndefs.resolve_all_job_defs()"
+    )
     assert "dagster" in imported
     assert sorted(imported & set(SERVING_STACK)) == []
 

@@ -9,19 +9,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from PIL import Image
+from support.code_location import code_location_with
 from support.quick_generator import cached_quick_generator
 
 from dgx_assets.defs.generation.resources import ErnieServingResource
 from dgx_assets.defs.resources import LakeResource, MlflowResource
 from dgx_assets.demo_seed import seed_landing
-from dgx_assets.edge import definitions as edge
-from dgx_assets.generation import definitions as generation
 from dgx_assets.generation.prompts import write_demo_prompts
-from dgx_assets.ingest import definitions as ingest
 from dgx_assets.lake.store import Lake
 from dgx_assets.partitions import image_batches
-from dgx_assets.reporting import definitions as reporting
-from dgx_assets.training import definitions as training
 
 pytest.importorskip("elpv_dataset")
 
@@ -57,15 +53,7 @@ def pipeline(tmp_path, spark_resource):
         "mlflow": MlflowResource(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"),
         "ernie": ErnieServingResource(model_dir=str(cached_quick_generator()), build_if_missing=False),
     }
-    defs = dg.Definitions.merge(
-        ingest.defs,
-        training.defs,
-        edge.defs,
-        generation.defs,
-        reporting.defs,
-        dg.Definitions(resources=resources, executor=dg.in_process_executor),
-    )
-    return defs, Lake(str(lake_root))
+    return code_location_with(resources), Lake(str(lake_root))
 
 
 def run(defs, instance, selection, partition=None, run_config=SMALL):

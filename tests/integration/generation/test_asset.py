@@ -54,7 +54,7 @@ def test_definitions_have_the_asset_and_its_blocking_check():
 
 def test_importing_the_definitions_loads_no_paddle_spark_or_tensorflow():
     code = (
-        "import sys, dgx_assets.generation.definitions; "
+        "import sys, dgx_assets.defs.generation.assets, dgx_assets.defs.generation.checks; "
         "print(sorted(m for m in ('paddle', 'pyspark', 'tensorflow', 'great_expectations') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=settings.repo_root())
