@@ -102,6 +102,9 @@ def build_parser(edge_only: bool = False) -> argparse.ArgumentParser:
     from dgx_assets.lake import commands as lake_commands
 
     lake_commands.register(commands)  # `lake snapshots|export|maintain|migrate`: the Iceberg tables
+    from dgx_assets.labels import commands as labels_commands
+
+    labels_commands.register(commands)  # `import-labels`: inspectors' labels back as a landing batch
     return parser
 
 
