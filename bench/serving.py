@@ -126,7 +126,8 @@ def connections_opened(client) -> int:
 
 
 def make_client(urls: list[str], concurrency: int = CONCURRENCY):
-    from dgx_assets.generation.client import ClientSettings, ErnieClient
+    from dgx_assets.generation.client import ErnieClient
+    from dgx_assets.generation.client_settings import ClientSettings
 
     return ErnieClient(ClientSettings(endpoints=tuple(urls), concurrency=concurrency))
 

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dgx_assets.generation.client import ClientSettings, get_client
+from dgx_assets.generation.client import get_client
+from dgx_assets.generation.client_settings import ClientSettings
 from dgx_assets.generation.rows import DEFAULT_ID_KEY_CHARS, DEFAULT_ID_PREFIX, generate_rows, start_row
 from dgx_assets.generation.table import COLUMNS, GENERATED_SCHEMA, VALID
 

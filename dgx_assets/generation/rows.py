@@ -8,8 +8,8 @@ import re
 import zlib
 from typing import TYPE_CHECKING
 
-from dgx_assets.generation.client import BAD_REPLY
 from dgx_assets.generation.png import classify_image, safe_file_name
+from dgx_assets.generation.replies import BAD_REPLY
 from dgx_assets.generation.table import FAILED, INVALID_PROMPT, REGENERATE, REJECTED
 
 if TYPE_CHECKING:

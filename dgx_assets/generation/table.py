@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import cast
 
-from dgx_assets.generation.client import BAD_REPLY
+from dgx_assets.generation.replies import BAD_REPLY
 
 VALID = "valid"
 CORRUPTED = "corrupted"
 DECODE_ERROR = "decode_error"
 FAILED = "failed"  # the service could not be reached or kept failing
 REJECTED = "rejected"  # the service refused the request (4xx / err_no 5xxx): retrying will not help
-# BAD_REPLY (client): the service answered, but not in the protocol's shape (wrong JSON types, missing fields)
+# BAD_REPLY (replies): the service answered, but not in the protocol's shape (wrong JSON types, missing fields)
 INVALID_PROMPT = "invalid_prompt"  # the prompts table row itself is unusable; never sent
 STATUSES = (VALID, CORRUPTED, DECODE_ERROR, FAILED, BAD_REPLY, REJECTED, INVALID_PROMPT)
 REGENERATE = {CORRUPTED, DECODE_ERROR, FAILED, BAD_REPLY}

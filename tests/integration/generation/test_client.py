@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 from support.waiting import wait_for
 
-from dgx_assets.generation.client import ClientSettings, ErnieClient, get_client, parse_endpoints
+from dgx_assets.generation.client import ErnieClient, get_client
+from dgx_assets.generation.client_settings import ClientSettings, parse_endpoints
 
 FAST = dict(backoff_s=0.05, backoff_max_s=0.2, breaker_cooldown_s=30.0, status_ttl_s=60.0)
 

@@ -14,7 +14,8 @@ from support.tls import make_ca_and_server_cert
 
 from dgx_assets.defs.generation.resources import ErnieServingResource
 from dgx_assets.generation import generate
-from dgx_assets.generation.client import ClientSettings, ErnieClient
+from dgx_assets.generation.client import ErnieClient
+from dgx_assets.generation.client_settings import ClientSettings
 
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05, "breaker_cooldown_s": 30.0, "status_ttl_s": 60.0}
 IMAGE = base64.b64encode(png(32, 32)).decode()

@@ -14,7 +14,8 @@ from support.generation import build_generated_frame
 from support.serving_engines import faulty_args
 
 from dgx_assets.generation import rows as prompt_rows
-from dgx_assets.generation.client import ClientSettings, ErnieClient
+from dgx_assets.generation.client import ErnieClient
+from dgx_assets.generation.client_settings import ClientSettings
 from dgx_assets.generation.generate import GenerationJob
 from dgx_assets.generation.png import classify_image, safe_file_name
 from dgx_assets.generation.prompts import read_prompts, write_demo_prompts

@@ -92,7 +92,8 @@ def test_a_missing_certificate_stops_the_server_with_its_reason(quick_model, tmp
 def test_the_projects_client_reaches_the_https_server_with_its_ca_bundle(tls_server, protocol):
     import base64
 
-    from dgx_assets.generation.client import ClientSettings, ErnieClient
+    from dgx_assets.generation.client import ErnieClient
+    from dgx_assets.generation.client_settings import ClientSettings
 
     url, ca, _ = tls_server
     fast = {"max_retries": 0, "backoff_s": 0.01}

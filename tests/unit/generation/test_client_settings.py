@@ -1,4 +1,4 @@
-"""The generation client's settings: declared once (generation/client.py), shown by the `ernie` resource as they
+"""The generation client's settings: declared once (generation/client_settings.py), shown by the `ernie` resource as they
 are, handed to the executors' client unchanged, and a wrong one is refused with its name."""
 
 import re
@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from dgx_assets.defs.generation.resources import ErnieServingResource
-from dgx_assets.generation.client import ClientBehaviour, ClientSettings
+from dgx_assets.generation.client_settings import ClientBehaviour, ClientSettings
 
 
 def test_the_resource_shows_the_client_behaviour_as_declared():

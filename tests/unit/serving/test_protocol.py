@@ -4,7 +4,7 @@ client, errors included (their code range decides whether the client retries els
 
 import pytest
 
-from dgx_assets.generation import client
+from dgx_assets.generation import replies
 from dgx_assets.serving import protocol
 from dgx_assets.serving.config import Limits
 
@@ -74,19 +74,19 @@ def test_a_replaced_character_is_reported_as_cleaned():
 
 def test_the_replies_parse_back_in_the_client():
     openai = protocol.openai_reply(["aW1n"], "used", True, 3, 7, False, created=1)
-    assert client._openai_image(openai, "asked") == ("aW1n", True, "used")
+    assert replies.openai_image(openai, "asked") == ("aW1n", True, "used")
     pipeline = protocol.pipeline_reply(["aW1n"], "used", False, 3, 7, 64, 32, False, logid=9)
-    assert client._pipeline_image(pipeline, "asked") == ("aW1n", False, "used")
+    assert replies.pipeline_image(pipeline, "asked") == ("aW1n", False, "used")
 
 
 def test_an_input_error_is_final_and_a_timeout_is_retried_elsewhere():
     refused = protocol.pipeline_error(protocol.bad(protocol.BAD_SIZE, "size 8x8 is outside 16..2048 per side"))
-    with pytest.raises(client._Rejected, match="err_no 5002: size 8x8"):
-        client._pipeline_image(refused, "x")
+    with pytest.raises(replies.Rejected, match="err_no 5002: size 8x8"):
+        replies.pipeline_image(refused, "x")
     busy = protocol.pipeline_error(protocol.ApiError(503, protocol.TIMEOUT, "no predictor free"))
-    with pytest.raises(client._Retryable, match="err_no 6000"):
-        client._pipeline_image(busy, "x")
+    with pytest.raises(replies.Retryable, match="err_no 6000"):
+        replies.pipeline_image(busy, "x")
     assert protocol.ApiError(503, protocol.QUEUE_FULL, "full").headers == {"Retry-After": "1"}
     error = protocol.openai_error(protocol.ApiError(503, protocol.MODEL_LOADING, "loading"))
     assert error == {"error": {"message": "loading", "type": "server_error", "code": protocol.MODEL_LOADING}}
-    assert client._error_message(error) == "loading"
+    assert replies.error_message(error) == "loading"
