@@ -15,7 +15,7 @@ EDGE_OWNERS = ["team:ml-platform"]
     group_name="edge",
     kinds={"tensorflow", "tflite", "mlflow"},
     owners=EDGE_OWNERS,
-    code_version="2",  # 2: the format ladder
+    code_version="2",  # up when the same trained_model would convert otherwise: docs/decisions/0004
     check_specs=[PARITY_CHECK],
     description=(
         "trained_model as a TFLite model for inspection stations: takes decoded uint8 pixels at the raw camera "

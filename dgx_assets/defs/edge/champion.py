@@ -94,7 +94,7 @@ def held_back_summary(metadata: dict) -> str | None:
     group_name="edge",
     kinds={"mlflow"},
     owners=EDGE_OWNERS,
-    code_version="2",  # 2: a held-back version is a materialization that says so, not a failure
+    code_version="2",  # up when the same checks would be decided or recorded otherwise: docs/decisions/0004
     description=(
         "The decision on the version of trained_model that edge_model was built from: promoted to the MLflow alias "
         "`champion` when trained_model's and edge_model's promotion checks passed on their latest materializations, "
