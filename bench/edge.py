@@ -374,8 +374,8 @@ def build_lake_in_a_process(report: Report, args) -> Path:
 def repeat_parity(report: Report, lake, root: Path, result, settings, runs: int, threads: int | None) -> list:
     """The shipped model's parity and latency `runs` more times on the same images (the first measurement is
     the build's own), and the size and like-for-like figures that need the trained model."""
-    from dgx_assets.edge import parity
     from dgx_assets.edge.build import load_trained_model
+    from tests.support.edge_parity import measure_parity
 
     first = result.report
     tflite_model = (root / "edge_model" / "model.tflite").read_bytes()
@@ -388,7 +388,7 @@ def repeat_parity(report: Report, lake, root: Path, result, settings, runs: int,
         trained.model.save(weights_only)  # loaded with compile=False: no optimizer to save
         report.figure("size_ratio_to_keras_without_optimizer", round(first.tflite_size_bytes / weights_only.stat().st_size, 4))
         for _ in range(runs):
-            again, _, _ = parity.measure_parity(
+            again, _, _ = measure_parity(
                 tflite_model,
                 trained.model,
                 raw_images=result.data.test_raw,

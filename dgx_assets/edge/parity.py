@@ -198,29 +198,6 @@ def compare(
     )
 
 
-def measure_parity(
-    tflite_model: bytes,
-    keras_model,
-    *,
-    raw_images: np.ndarray,
-    keras_inputs: np.ndarray,
-    labels: np.ndarray,
-    keras_size_bytes: int,
-    quantization: str,
-    latency_images: int = 100,
-    num_threads: int | None = None,
-) -> tuple[ParityReport, Predictions, Predictions]:
-    """Run both models on the same test images; the report plus both predictions (for figures)."""
-    if len(raw_images) != len(keras_inputs):
-        raise ValueError(f"{len(raw_images)} raw images but {len(keras_inputs)} Keras inputs")
-    edge = tflite_predict(tflite_model, raw_images, num_threads=num_threads)
-    keras = keras_predict(keras_model, keras_inputs, latency_images=min(latency_images, len(keras_inputs)))
-    report = compare(
-        keras, edge, labels, quantization=quantization, keras_size_bytes=keras_size_bytes, tflite_size_bytes=len(tflite_model)
-    )
-    return report, keras, edge
-
-
 def evaluate_gate(report: ParityReport, settings: GateSettings | None = None) -> Gate:
     """The three criteria of `settings` on one parity report; passes when all hold."""
     settings = settings or GateSettings()

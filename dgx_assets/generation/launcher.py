@@ -192,15 +192,6 @@ def stop_servers(servers: list[ServerProcess]) -> None:
         server.stop()
 
 
-@contextmanager
-def local_servers(count: int, model_dir: str | Path, **options):
-    servers = start_local_servers(count, model_dir, **options)
-    try:
-        yield servers
-    finally:
-        stop_servers(servers)
-
-
 def missing_model_files(model_dir: str | Path) -> list[str]:
     return [name for name in MODEL_FILES if not (Path(model_dir) / name).exists()]
 

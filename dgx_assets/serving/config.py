@@ -326,13 +326,6 @@ def _walk(mapping: Any, pattern: str, written: str, keys: dict, found: dict, pat
             raise ConfigError(f"{path}: unknown key {shown[:80]!r}")
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The settings a config file sets, validated, by field name (only those it sets)."""
-    given = _read_file(path)
-    config = _validated(given)
-    return {name: getattr(config, name) for name in given}
-
-
 def build_config(config_file: str | None = None, **overrides: Any) -> ServingConfig:
     """Defaults <- config file <- explicit overrides (flags, by field name; None means 'not given')."""
     from dgx_assets.flags import flag_name

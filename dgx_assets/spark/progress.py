@@ -9,10 +9,6 @@ from collections.abc import Callable, Iterator
 from dgx_assets.progress import log_progress
 
 
-def describe_active_stages(spark) -> list[str]:
-    return [line for line, _, _ in _active_stages(spark)]
-
-
 def _active_stages(spark) -> list[tuple[str, int, int]]:
     """(description, tasks done, tasks) of each active stage."""
     tracker = spark.sparkContext.statusTracker()

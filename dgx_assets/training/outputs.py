@@ -105,10 +105,3 @@ def write_model_outputs(lake: Lake, tracked: TrackedModel, info: dict[str, Any])
     lake.write_bytes(f"{staging}/{INFO_FILE}", json.dumps(info, indent=2, sort_keys=True).encode())
     lake.commit(staging, final)
     return final
-
-
-def read_model_info(lake: Lake) -> dict[str, Any]:
-    uri = f"{lake.asset_uri(TRAINED_MODEL_ASSET)}/{INFO_FILE}"
-    if not lake.exists(uri):
-        raise FileNotFoundError(f"{uri} does not exist: materialize trained_model first")
-    return json.loads(lake.read_bytes(uri))

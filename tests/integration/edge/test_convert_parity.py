@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.edge_data import CLASS_NAMES, MODEL_SIZE, RAW_SIZE
+from support.edge_parity import measure_parity
 
 from dgx_assets.edge.convert import (
     LITE0_FLOAT_STEM,
@@ -15,7 +16,7 @@ from dgx_assets.edge.convert import (
     resize_matrix,
     snap_to_int8_grid,
 )
-from dgx_assets.edge.parity import evaluate_gate, measure_parity, parity_figure
+from dgx_assets.edge.parity import evaluate_gate, parity_figure
 from dgx_assets.edge.promotion import Gate, current_alias_version, promote_if_gates_pass
 
 

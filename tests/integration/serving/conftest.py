@@ -7,10 +7,10 @@ import os
 
 import pytest
 from serving_probe import LIMITED
+from support.local_servers import local_servers
 from support.serving_engines import fixed_latency_args
 
 from dgx_assets import settings
-from dgx_assets.generation import launcher
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,7 +21,7 @@ def _servers_use_one_thread(one_paddle_thread):
 @pytest.fixture(scope="session")
 def server(quick_model, tmp_path_factory):
     """An open (no token) serving process with default limits."""
-    with launcher.local_servers(1, quick_model, log_dir=tmp_path_factory.mktemp("server-logs")) as servers:
+    with local_servers(1, quick_model, log_dir=tmp_path_factory.mktemp("server-logs")) as servers:
         yield servers[0]
 
 
@@ -31,7 +31,7 @@ def configured_server(quick_model, tmp_path_factory):
     os.environ["ERNIE_SERVING_TOKEN"] = "test-secret-token"
     config = str(settings.repo_root() / "deploy" / "serving" / "config.yml")
     try:
-        with launcher.local_servers(
+        with local_servers(
             1,
             quick_model,
             config_file=config,
@@ -59,5 +59,5 @@ def limited_server(quick_model, tmp_path_factory):
         "--keep-alive-s",
         str(LIMITED["keep_alive_s"]),
     ]
-    with launcher.local_servers(1, quick_model, log_dir=tmp_path_factory.mktemp("limited-logs"), extra_args=args) as servers:
+    with local_servers(1, quick_model, log_dir=tmp_path_factory.mktemp("limited-logs"), extra_args=args) as servers:
         yield servers[0]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from support.serving_config import load_config_file
 
 from dgx_assets import settings
 from dgx_assets.generation import launcher
-from dgx_assets.serving.config import ConfigError, build_config, load_config_file
+from dgx_assets.serving.config import ConfigError, build_config
 
 
 def test_deploy_config_file_maps_to_settings():
