@@ -8,7 +8,9 @@ runs the same code as the serving process:
   protocol layer's own errors, such as unparseable HTTP (h11 refuses two different Content-Length values
   and non-ASCII ones);
 - ``read_body``: a body refused from its Content-Length before anything is buffered, cut off past the
-  limit, and given one deadline for the whole body, not one per read;
+  limit, and given one deadline for the whole body, not one per read; ``on_chunk`` sees each chunk's size
+  as it arrives, so a memory budget counts the bytes read, not the ones declared;
+- ``refuse_ambiguous_framing``: Content-Length and Transfer-Encoding together refused (RFC 9112 6.3);
 - ``BodyGuard``: closes a connection whose reply went out before its body was read, and reports each
   request's status and time;
 - ``EscapingFormatter``: control characters never reach a log line raw.
@@ -220,14 +222,30 @@ def declared_length(request: Request, max_bytes: int, chunked: bool = True) -> i
     return int(lengths[0]) if lengths else None
 
 
-async def read_body(request: Request, max_bytes: int, timeout_s: float, chunked: bool = True) -> bytes:
+def refuse_ambiguous_framing(request: Request) -> None:
+    """400 for a request with both Content-Length and Transfer-Encoding: h11 reads the chunked body and a
+    budget taken from Content-Length would count the wrong size (RFC 9112 section 6.3 allows refusing it)."""
+    if request.headers.getlist("content-length") and request.headers.getlist("transfer-encoding"):
+        raise BodyRefused(400, "send Content-Length or Transfer-Encoding, not both (RFC 9112 section 6.3)")
+
+
+async def read_body(
+    request: Request,
+    max_bytes: int,
+    timeout_s: float,
+    chunked: bool = True,
+    on_chunk: Callable[[int], None] | None = None,
+) -> bytes:
     """The whole body: refused from Content-Length alone when over the limit, cut off when a chunked body
-    passes it, and given up (408) when all of it has not arrived `timeout_s` after the head."""
+    passes it, and given up (408) when all of it has not arrived `timeout_s` after the head. `on_chunk(n)`
+    is called with each chunk's size before it is kept (it may raise BodyRefused to stop reading)."""
     declared_length(request, max_bytes, chunked)
     raw = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
+                if on_chunk is not None:
+                    on_chunk(len(chunk))
                 raw += chunk
                 if len(raw) > max_bytes:
                     raise BodyRefused(413, f"body is over the {max_bytes} byte limit")

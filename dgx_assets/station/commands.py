@@ -9,7 +9,15 @@ import json
 import math
 import sys
 
-from dgx_assets.station.runtime import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PIXELS, DEFAULT_PORT, EdgeRuntimeError
+from dgx_assets.station.runtime import (
+    DEFAULT_DECODE_DEADLINE_S,
+    DEFAULT_FORMATS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JPEG_SCANS,
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_PORT,
+    EdgeRuntimeError,
+)
 
 
 def register(subparsers) -> None:
@@ -38,6 +46,24 @@ def register(subparsers) -> None:
         help="pixel budget: width x height x bytes per pixel, read from the header before decoding (413 past it)",
     )
     run.add_argument(
+        "--formats",
+        type=_formats,
+        default=DEFAULT_FORMATS,
+        help=f"image formats taken, judged from the magic bytes (415 otherwise; default {','.join(DEFAULT_FORMATS)})",
+    )
+    run.add_argument(
+        "--max-jpeg-scans",
+        type=_positive,
+        default=DEFAULT_MAX_JPEG_SCANS,
+        help="most scans a (progressive) JPEG may have: each is decoded over the whole image (413 past it)",
+    )
+    run.add_argument(
+        "--decode-deadline",
+        type=_seconds,
+        default=DEFAULT_DECODE_DEADLINE_S,
+        help="seconds one image's decode may take before it is abandoned (422)",
+    )
+    run.add_argument(
         "--max-in-flight", type=_positive, default=4, help="requests classified or waiting, and bodies held; 503 past it"
     )
     run.add_argument("--max-connections", type=_positive, default=64, help="--serve: open connections; 503 past it")
@@ -51,6 +77,14 @@ def _positive(text: str) -> int:
     if not (text.isascii() and text.isdigit() and 0 < int(text) < 2**40):
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text[:20]!r}")
     return int(text)
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip().upper() for name in text.split(",") if name.strip())
+    names = tuple("JPEG" if name == "JPG" else "TIFF" if name == "TIF" else name for name in names)
+    if not names or not set(names) <= set(DEFAULT_FORMATS):
+        raise argparse.ArgumentTypeError(f"must be some of {','.join(DEFAULT_FORMATS)}, got {text[:60]!r}")
+    return names
 
 
 def _port(text: str) -> int:
@@ -73,7 +107,14 @@ def run_edge(args) -> int:
     from dgx_assets.station.runtime import EdgeClassifier
 
     try:
-        classifier = EdgeClassifier(args.model_dir, num_threads=args.threads, max_pixels=args.max_pixels)
+        classifier = EdgeClassifier(
+            args.model_dir,
+            num_threads=args.threads,
+            max_pixels=args.max_pixels,
+            formats=args.formats,
+            max_jpeg_scans=args.max_jpeg_scans,
+            decode_deadline_s=args.decode_deadline,
+        )
         if args.images:
             return _classify_images(classifier, args)
     except EdgeRuntimeError as error:

@@ -36,6 +36,33 @@ DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024  # the largest image file taken, over 
 # 4096 x 4096 8-bit pixels. An image costs width x height x bytes per pixel (16-bit grey twice, RGB three
 # times), read from its header: decoding one at this budget peaks near 170 MB more (bench/edge.py).
 DEFAULT_MAX_PIXELS = 4096 * 4096
+# What a camera writes. Anything else is refused from its first bytes, before Pillow sees it: container
+# formats (ICO, ICNS) pick their largest entry themselves and wrap PNG or JPEG 2000 past the pixel budget.
+DEFAULT_FORMATS = ("PNG", "JPEG", "BMP", "TIFF")
+# A progressive JPEG decodes every scan over the whole image (7 ms a scan at 4096 x 4096, bench/edge.py):
+# cameras write 1 (baseline) or about 10; 27,621 held the worker 29 s.
+DEFAULT_MAX_JPEG_SCANS = 64
+DEFAULT_DECODE_DEADLINE_S = 5.0  # one image's decode, checked between the blocks the decoder reads
+# Magic bytes of the formats Pillow opens (or that are sent as images), to name what was refused.
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    (b"II+\x00", "BigTIFF"),
+    (b"MM\x00+", "BigTIFF"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"\x00\x00\x01\x00", "ICO"),
+    (b"\x00\x00\x02\x00", "CUR"),
+    (b"icns", "ICNS"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"),
+    (b"\xff\x4f\xff\x51", "JPEG 2000 codestream"),
+    (b"8BPS", "PSD"),
+    (b"DDS ", "DDS"),
+    (b"qoif", "QOI"),
+)
 
 
 class EdgeRuntimeError(ValueError):
@@ -48,6 +75,18 @@ class UnreadableImage(EdgeRuntimeError):
 
 class ImageTooLarge(EdgeRuntimeError):
     """The image's header declares more pixels than the budget (HTTP 413)."""
+
+
+class UnsupportedFormat(EdgeRuntimeError):
+    """The bytes are not one of the formats the station takes, judged from their magic bytes (HTTP 415)."""
+
+
+class TooCostlyToDecode(ImageTooLarge):
+    """Within the pixel budget, but more JPEG scans than the scan budget (HTTP 413)."""
+
+
+class DecodeDeadline(EdgeRuntimeError):
+    """The decode ran past its deadline and was abandoned (HTTP 422)."""
 
 
 @dataclass(frozen=True)
@@ -114,23 +153,63 @@ def _read_source(path: Path) -> dict[str, Any]:
     return _json_object(path, "fetch the model again with edge-fetch") if path.is_file() else {}
 
 
-def check_pixel_budget(content: bytes, max_pixels: int) -> None:
+def sniff_format(content: bytes) -> str | None:
+    """The image format the first bytes name (Pillow's name for the allowed ones), None when none matches."""
+    if content[:4] == b"RIFF" and content[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in _MAGIC if content.startswith(magic)), None)
+
+
+def check_format(content: bytes, formats: tuple[str, ...] = DEFAULT_FORMATS) -> str:
+    """The format, from the magic bytes, if it is one of ``formats``; UnsupportedFormat otherwise."""
+    found = sniff_format(content)
+    if found is None or found not in formats:
+        what = f"a {found} file" if found else "not a known image format"
+        raise UnsupportedFormat(f"{what}: the station takes {', '.join(formats)} (--formats)")
+    return found
+
+
+def count_jpeg_scans(content: bytes) -> int:
+    """Start-of-scan markers (FF DA): entropy-coded data stuffs every FF with 00, so only markers match."""
+    return content.count(b"\xff\xda")
+
+
+def check_jpeg_scans(content: bytes, max_scans: int) -> None:
+    scans = count_jpeg_scans(content)
+    if scans > max_scans:
+        raise TooCostlyToDecode(
+            f"a JPEG of {scans} scans is over the budget of {max_scans} (--max-jpeg-scans): "
+            "each scan is decoded over the whole image; send a baseline or ordinary progressive JPEG"
+        )
+
+
+def bytes_per_pixel(mode: str) -> int:
+    from PIL import ImageMode
+
+    described = ImageMode.getmode(mode)
+    return len(described.bands) * np.dtype(described.typestr).itemsize
+
+
+def check_pixel_budget(content: bytes, max_pixels: int, formats: tuple[str, ...] | None = None) -> None:
     """Refuse an image whose header declares more than the budget, before a pixel is decoded: it costs
-    width x height x bytes per pixel against ``max_pixels`` 8-bit pixels."""
-    from PIL import Image, ImageMode
+    width x height x bytes per pixel against ``max_pixels`` 8-bit pixels. ``formats``: the only ones opened."""
+    from PIL import Image
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the budget below is tighter
-            with Image.open(io.BytesIO(content)) as image:
+            with Image.open(io.BytesIO(content), formats=formats) as image:
                 (width, height), mode = image.size, image.mode
     except Exception as error:  # Pillow raises many types for bad bytes; all mean "not an image we can read"
         raise UnreadableImage(f"not a readable image ({type(error).__name__}: {str(error)[:200]})") from error
-    described = ImageMode.getmode(mode)
-    bytes_per_pixel = len(described.bands) * np.dtype(described.typestr).itemsize
-    if width * height * bytes_per_pixel > max_pixels:
+    check_decoded_pixels(width, height, mode, max_pixels)
+
+
+def check_decoded_pixels(width: int, height: int, mode: str, max_pixels: int) -> None:
+    if width * height * bytes_per_pixel(mode) > max_pixels:
+        per_pixel = bytes_per_pixel(mode)
         raise ImageTooLarge(
-            f"a {width}x{height} {mode} image ({bytes_per_pixel} bytes a pixel) is over the pixel budget of "
+            f"a {width}x{height} {mode} image ({per_pixel} bytes a pixel) is over the pixel budget of "
             f"{max_pixels} 8-bit pixels (--max-pixels): send a smaller image"
         )
 
@@ -138,7 +217,15 @@ def check_pixel_budget(content: bytes, max_pixels: int) -> None:
 class EdgeClassifier:
     """One LiteRT interpreter for the model folder; calls are serialised (an interpreter is not thread-safe)."""
 
-    def __init__(self, model_dir: str | os.PathLike, num_threads: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS):
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        num_threads: int | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        formats: tuple[str, ...] = DEFAULT_FORMATS,
+        max_jpeg_scans: int = DEFAULT_MAX_JPEG_SCANS,
+        decode_deadline_s: float = DEFAULT_DECODE_DEADLINE_S,
+    ):
         from ai_edge_litert.interpreter import Interpreter
 
         from dgx_assets.station.device import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY
@@ -157,6 +244,10 @@ class EdgeClassifier:
         self.threshold: float | None = decision.get("threshold")
         self.positive_index: int | None = decision.get("positive_index")
         self.max_pixels = max_pixels
+        unknown = sorted(set(formats) - set(DEFAULT_FORMATS))
+        if not formats or unknown:
+            raise EdgeRuntimeError(f"--formats takes some of {', '.join(DEFAULT_FORMATS)}, not {unknown or 'none'}")
+        self.formats, self.max_jpeg_scans, self.decode_deadline_s = tuple(formats), max_jpeg_scans, decode_deadline_s
         try:
             interpreter = Interpreter(model_path=str(model_path), num_threads=num_threads)
             self._runner = interpreter.get_signature_runner(SIGNATURE_KEY)
@@ -173,11 +264,25 @@ class EdgeClassifier:
 
     def classify(self, content: bytes) -> Classification:
         """Decode (as the edge contract says the device does) and classify one image file's bytes."""
-        from dgx_assets.station.device import decode_to_raw
+        from dgx_assets.station.device import DeadlinePassed, decode_to_raw
 
-        check_pixel_budget(content, self.max_pixels)
+        # Cheapest first, each before Pillow reads further: the magic bytes, the scans, the header's size.
+        if check_format(content, self.formats) == "JPEG":
+            check_jpeg_scans(content, self.max_jpeg_scans)
+        check_pixel_budget(content, self.max_pixels, self.formats)
+        deadline = time.monotonic() + self.decode_deadline_s
         try:
-            pixels = decode_to_raw(content, self.raw_height, self.raw_width, self.channels)
+            pixels = decode_to_raw(
+                content, self.raw_height, self.raw_width, self.channels, self.formats, deadline, self.max_pixels
+            )
+        except DeadlinePassed as error:
+            raise DecodeDeadline(
+                f"decoding took more than {self.decode_deadline_s:g}s and was abandoned (--decode-deadline)"
+            ) from error
+        except ValueError as error:
+            if "pixel budget" in str(error):
+                raise ImageTooLarge(str(error)) from error
+            raise UnreadableImage(f"not a readable image ({type(error).__name__}: {str(error)[:200]})") from error
         except MemoryError:
             raise  # not the image's fault: said as such, and the process goes on
         except Exception as error:  # Pillow raises many types for bad bytes; all mean "not an image we can read"

@@ -8,11 +8,15 @@ a connection cap, a deadline for each request head and one for each whole body (
 client that drips a byte at a time is cut off), duplicate or non-ASCII Content-Length refused with a JSON
 400, control characters escaped in the log. Here besides:
 
-- bodies held in memory at once are bounded by their declared lengths, at most ``max_in_flight`` bodies of
-  ``max_body_bytes``: a request that does not fit is answered 503 before its body is read;
+- a request with both Content-Length and Transfer-Encoding is refused 400 (RFC 9112 section 6.3);
+- bodies held in memory at once are bounded, at most ``max_in_flight`` bodies of ``max_body_bytes``: a
+  request whose declared length does not fit is answered 503 before its body is read, and the bytes
+  actually read are counted as they arrive (503 past the budget), whatever was declared;
 - at most ``max_in_flight`` requests wait for or run a classification (503 past it), and one image is
   decoded and classified at a time, off the event loop, so memory holds one decode at a time;
-- the pixel budget (runtime.py) refuses an oversized image from its header: 413; undecodable bytes: 422.
+- a format outside the station's (runtime.py, from the magic bytes): 415; the pixel budget refuses an
+  oversized image from its header, and the scan budget a JPEG of too many scans: 413; undecodable bytes,
+  or a decode past its deadline: 422.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from dgx_assets import http_limits
-from dgx_assets.station.runtime import DEFAULT_MAX_BODY_BYTES, EdgeClassifier, EdgeRuntimeError, ImageTooLarge, UnreadableImage
+from dgx_assets.station.runtime import (
+    DEFAULT_MAX_BODY_BYTES,
+    DecodeDeadline,
+    EdgeClassifier,
+    EdgeRuntimeError,
+    ImageTooLarge,
+    UnreadableImage,
+    UnsupportedFormat,
+)
 
 log = logging.getLogger("dgx_assets.edge")
 ROUTES = "use GET /healthz or POST /v1/classify"
@@ -75,7 +87,7 @@ class EdgeApp:
 
     def __init__(self, classifier: EdgeClassifier, limits: EdgeServerLimits):
         self.classifier, self.limits = classifier, limits
-        self.budget = limits.max_in_flight * limits.max_body_bytes  # body bytes held at once, by Content-Length
+        self.budget = limits.max_in_flight * limits.max_body_bytes  # body bytes held at once
         self.buffered = 0
         self.admitted = 0
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="classify")  # one decode in memory at a time
@@ -114,14 +126,28 @@ class EdgeApp:
     async def classify(self, request: Request) -> Response:
         limits = self.limits
         try:
+            http_limits.refuse_ambiguous_framing(request)
             length = http_limits.declared_length(request, limits.max_body_bytes, chunked=False) or 0
         except http_limits.BodyRefused as refused:
             return _error(refused.status, refused.message)
         if self.buffered + length > self.budget:
             return _error(503, f"busy: {self.buffered} body bytes already held, retry")
         self.buffered += length
+        held, read = [length], [0]  # bytes counted against the budget for this request; bytes read so far
+
+        def count(size: int) -> None:  # the declared length is reserved; what is read past it is counted too
+            read[0] += size
+            more = read[0] - held[0]
+            if more > 0:
+                if self.buffered + more > self.budget:
+                    raise http_limits.BodyRefused(503, f"busy: {self.buffered} body bytes already held, retry")
+                self.buffered += more
+                held[0] += more
+
         try:
-            content = await http_limits.read_body(request, limits.max_body_bytes, limits.socket_timeout_s, chunked=False)
+            content = await http_limits.read_body(
+                request, limits.max_body_bytes, limits.socket_timeout_s, chunked=False, on_chunk=count
+            )
             if self.admitted >= limits.max_in_flight:
                 return _error(503, "busy: too many requests in flight, retry")
             self.admitted += 1
@@ -133,14 +159,16 @@ class EdgeApp:
             return _error(refused.status, refused.message)
         except http_limits.Disconnected:
             return Response(status_code=http_limits.DISCONNECTED)
+        except UnsupportedFormat as error:
+            return _error(415, str(error))
         except ImageTooLarge as error:
             return _error(413, str(error))
-        except UnreadableImage as error:
+        except (UnreadableImage, DecodeDeadline) as error:
             return _error(422, str(error))
         except EdgeRuntimeError as error:
             return _error(400, str(error))
         finally:
-            self.buffered -= length
+            self.buffered -= held[0]
         return _json(200, result.to_dict())
 
     async def http_error(self, request: Request, exc: HTTPException) -> Response:

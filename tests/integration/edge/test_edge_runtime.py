@@ -131,7 +131,15 @@ def test_http_classifies_posted_images_and_answers_json_errors(server, edge_data
     assert np.mean([body["label"] == label for (_, body), label in zip(answers, labels[:20])]) >= 0.9
 
     status, body = _request(server, "POST", "/v1/classify", b"GIF89a not really")
+    assert status == 415 and "the station takes PNG, JPEG, BMP, TIFF" in body["error"]
+    for wrapper in (b"icns\x00\x00\x01\xae", b"\x00\x00\x01\x00\x01\x00", b"\x00\x00\x00\x0cjP  \r\n\x87\n"):
+        status, body = _request(server, "POST", "/v1/classify", wrapper + b"\x00" * 400)  # ICNS, ICO, JPEG 2000
+        assert status == 415, wrapper
+    status, body = _request(server, "POST", "/v1/classify", contents[0][:60])  # a PNG cut short
     assert status == 422 and "not a readable image" in body["error"]
+    both = {"Transfer-Encoding": "chunked", "Content-Length": "1"}  # the budget would count 1 byte of a long body
+    status, body = _request(server, "POST", "/v1/classify", b"5\r\nhello\r\n0\r\n\r\n", both)
+    assert status == 400 and "not both" in body["error"]  # Content-Length and Transfer-Encoding (RFC 9112 6.3)
     status, body = _request(server, "POST", "/v1/classify", b"x" * 200_001)
     assert status == 413 and "limit" in body["error"]
     status, body = _request(server, "GET", "/v1/classify")
