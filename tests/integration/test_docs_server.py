@@ -4,6 +4,7 @@ real process on 127.0.0.1: it serves both folders, refuses to write or to step o
 import functools
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import requests
@@ -21,6 +22,10 @@ def server(tmp_path, _state_dir):
     (lake / "quality_report" / "report.html").write_text("<html><body>Verdict: PASS 单晶硅</body></html>", encoding="utf-8")
     (lake / "quality_report" / ".staging-x").write_text("half written")
     (lake / "secret.txt").write_text("not served")
+    # Links out of the folder, to a file and to the process's environment: never followed.
+    (lake / "quality_report" / "outside.txt").symlink_to(lake / "secret.txt")
+    (lake / "quality_report" / "environ").symlink_to("/proc/self/environ")
+    (lake / "quality_report" / "linked").symlink_to(lake)
     site = data_docs_site()  # under this test's DGX_STATE_DIR
     (site / "validations").mkdir(parents=True)
     (site / "index.html").write_text("<html>raw_images.valid_image_share[b1]</html>")
@@ -49,7 +54,8 @@ def test_serves_the_report_and_the_data_docs_over_http(server):
 def test_is_read_only_and_serves_nothing_outside_its_two_folders(server):
     base, process = server
     for method in ("POST", "PUT", "DELETE"):
-        assert requests.request(method, f"{base}/quality_report/report.html", data=b"x", timeout=5).status_code == 501
+        refused = requests.request(method, f"{base}/quality_report/report.html", data=b"x", timeout=5)
+        assert refused.status_code == 405 and refused.headers["Allow"] == "GET, HEAD"
     for path in (
         "/quality_report/../secret.txt",
         "/quality_report/%2e%2e/secret.txt",
@@ -65,6 +71,66 @@ def test_is_read_only_and_serves_nothing_outside_its_two_folders(server):
         assert "not served" not in response.text and "half written" not in response.text
     process.send_signal(signal.SIGINT)  # as Ctrl-C in `make dev`
     assert process.wait(timeout=20) == 0
+
+
+def _raw_get(base: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    """One GET with the path sent exactly as given (no client-side normalising or quoting)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=5)
+    try:
+        connection.putrequest("GET", path, skip_accept_encoding=True)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def test_links_and_hostile_paths_get_a_clean_refusal_and_nothing_else(server):
+    base, process = server
+    for path in ("/quality_report/outside.txt", "/quality_report/environ", "/quality_report/linked/secret.txt"):
+        status, _, body = _raw_get(base, path)
+        assert status == 404 and b"not served" not in body and b"DGX_" not in body, path
+    # A CRLF in the path never reaches a status line or a header: no cookie is set, no body is injected.
+    status, headers, body = _raw_get(base, "/quality_report/x%0d%0aSet-Cookie:%20a=b%0d%0a%0d%0a<script>")
+    assert status == 400 and "set-cookie" not in headers and b"<script>" not in body
+    for path in ("/quality_report/%c0%ae%c0%ae/secret.txt", "/quality_report/a%00b", "/quality_report/" + "n" * 300):
+        status, _, body = _raw_get(base, path)
+        assert status in (400, 404) and body, path  # a reply with a body, not an empty one
+    assert requests.get(f"{base}/quality_report/report.html", timeout=5).status_code == 200  # still serving
+    assert process.poll() is None
+
+
+def test_a_large_file_is_streamed_to_slow_readers_with_flat_memory(server, tmp_path):
+    import socket
+    import time
+
+    base, process = server
+    big = tmp_path / "lake" / "quality_report" / "big.bin"
+    big.write_bytes(os.urandom(30 * 1024 * 1024))
+
+    def rss_mb() -> float:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+    before = rss_mb()
+    port = int(base.rsplit(":", 1)[1])
+    readers = []
+    for _ in range(10):  # each asks for the 30 MB file and reads only its first bytes
+        reader = socket.create_connection(("127.0.0.1", port), timeout=5)
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.sendall(b"GET /quality_report/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reader.recv(1024).startswith(b"HTTP/1.1 200")
+        readers.append(reader)
+    time.sleep(2)
+    grown = rss_mb() - before
+    for reader in readers:
+        reader.close()
+    assert grown < 100, f"the server's memory grew {grown:.0f} MB for 10 slow readers of a 30 MB file"
+    assert requests.get(f"{base}/quality_report/report.html", timeout=5).status_code == 200
 
 
 def test_stops_on_sigint_and_sigterm_even_when_started_with_sigint_ignored(tmp_path, _state_dir):
