@@ -15,6 +15,7 @@ import base64
 import json
 import posixpath
 import uuid
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,7 +28,9 @@ from dgx_assets.spark.parquet import ROW_GROUP_BYTES, image_table_options
 WRITERS = ("arrow", "spark")
 SOURCE_NAME = "dgx_lake_parquet"
 COMMITTED_FILE = "_committed.json"  # the arrow writer's committed files, listed by its driver-side commit
-_REGISTERED: set[int] = set()  # the SparkSessions the data source is registered with
+# The SparkSessions the data source is registered with. Weak, and by the session itself, not its id(): a
+# stopped session's object goes, and the next run's session may get its address, but not its registration.
+_REGISTERED: weakref.WeakSet = weakref.WeakSet()
 
 
 def write_table_files(
@@ -48,9 +51,9 @@ def write_table_files(
         fs, path = filesystem_for(folder_uri)
         return [f"{folder_uri}/{posixpath.basename(file)}" for file in visible_files(fs, path, ".parquet")]
     session = frame.sparkSession
-    if id(session) not in _REGISTERED:  # once per session: registering again makes Spark log a warning
+    if session not in _REGISTERED:  # once per session: registering again makes Spark log a warning
         session.dataSource.register(LakeParquetSource)
-        _REGISTERED.add(id(session))
+        _REGISTERED.add(session)
     options = {
         "schema": base64.b64encode(schema.serialize().to_pybytes()).decode(),
         "blob_columns": ",".join(blob_columns),
