@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from dgx_assets.ingest.images import BAD_NAME, SPECIAL_FILE, SYMLINK, UNLISTABLE
-from dgx_assets.lake.files import filesystem_for, has_hidden_part
+from dgx_assets.lake.files import batch_name, filesystem_for, has_hidden_part
+
+# What a Dagster partition key cannot hold (dagster's INVALID_PARTITION_SUBSTRINGS): such a folder is no batch.
+_UNNAMEABLE = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")
 
 # HDFS `put` writes `<name>._COPYING_` and renames at the end; other tools leave these while writing.
 IN_PROGRESS_SUFFIXES = ("._COPYING_", ".tmp", ".part", ".crdownload")
@@ -99,8 +102,31 @@ def look(landing_uri: str) -> Landing:
         listings, refused = _walk_local(root)
     else:
         listings, refused = _list_remote(fs, root)
-    batches = {name: batch_state(name, root, listing) for name, listing in sorted(listings.items())}
+    named = _batch_names(root, listings, refused)
+    batches = {name: batch_state(name, root, listings[folder]) for name, folder in sorted(named.items())}
     return Landing(root, batches, tuple(sorted(refused, key=lambda entry: entry.path)))
+
+
+def _batch_names(root: str, listings: dict[str, BatchListing], refused: list[Refused]) -> dict[str, str]:
+    """Batch name -> its folder's name. A batch is named by its folder's NFC form (`batch_name`), so the NFD
+    spelling of `café` is the same batch; when both spellings land, the NFC folder is the batch and the other
+    is refused. A name no partition key can hold is refused too. Each refusal is recorded with its reason."""
+    named: dict[str, str] = {}
+    # NFC spellings first, so they win over another spelling of the same name.
+    for folder in sorted(listings, key=lambda folder: (batch_name(folder) != folder, folder)):
+        name, path = batch_name(folder), posixpath.join(root, folder)
+        if any(part in name for part in _UNNAMEABLE):
+            reason = "the name holds a control character or '...', which no Dagster partition key can hold: rename it"
+            refused.append(Refused(path, BAD_NAME, reason))
+        elif name in named:
+            reason = (
+                f"the same name as the batch folder {named[name]!r} in another Unicode form (NFC/NFD): one batch "
+                "cannot be two folders; merge it into that folder"
+            )
+            refused.append(Refused(path, BAD_NAME, reason))
+        else:
+            named[name] = folder
+    return named
 
 
 def scan_landing(landing_uri: str) -> dict[str, BatchState]:
@@ -109,11 +135,23 @@ def scan_landing(landing_uri: str) -> dict[str, BatchState]:
 
 
 def look_at_batch(batch_uri: str) -> LandedBatch:
-    """One batch folder, listed exactly as the sensor lists it (same entries, same fingerprint)."""
+    """One batch folder, listed exactly as the sensor lists it (same entries, same fingerprint).
+
+    `batch_uri` is the landing zone's URI, `/`, then the batch's name as it is (never unquoted: `50%` is the
+    batch `50%`). The batch `café` is found in a folder spelt in NFD when no NFC folder is there.
+    """
     parent, _, name = batch_uri.rstrip("/").rpartition("/")
     # Only the landing zone's own path is resolved: the batch folder itself may be a link, never followed.
     fs, root = filesystem_for(parent or "/")
+    name = batch_name(name)
     path = posixpath.join(root, name)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        spelt = [
+            info.path
+            for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+            if batch_name(posixpath.basename(info.path)) == name
+        ]
+        path = min(spelt, default=path)
     if isinstance(fs, pafs.LocalFileSystem):
         listing = _walk_local_batch(path)
     else:

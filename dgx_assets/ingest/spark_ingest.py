@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import pyarrow as pa
 
 from dgx_assets.ingest import images
-from dgx_assets.lake.files import worker_filesystem
+from dgx_assets.lake.files import batch_name, worker_filesystem
 from dgx_assets.spark.chunks import map_chunks, pack
 
 if TYPE_CHECKING:
@@ -81,15 +81,11 @@ def list_batch(batch_uri: str, landed: LandedBatch | None = None) -> list[Listed
     so is any file without an image extension: `x.png._COPYING_` is still being written. `landed` is the
     batch's listing when the caller has it already (`landing.look_at_batch`).
     """
-    from urllib.parse import urlparse
 
     from dgx_assets.ingest.landing import look_at_batch
-    from dgx_assets.lake.files import normalize_uri
 
     landed = landed or look_at_batch(batch_uri)
-    uri = urlparse(normalize_uri(batch_uri))
-    # Spark names local files `file:/path`; keep its spelling, which the table has always had.
-    prefix = "file:" if uri.scheme == "file" else f"{uri.scheme}://{uri.netloc}"
+    prefix = _prefix(batch_uri)
     found = [
         ListedFile(prefix + path, size, mtime_ns // 1_000_000 * 1000)
         for path, size, mtime_ns in landed.listing.files
@@ -99,16 +95,33 @@ def list_batch(batch_uri: str, landed: LandedBatch | None = None) -> list[Listed
     return sorted(found, key=lambda file: file.path)
 
 
+def _prefix(batch_uri: str) -> str:
+    from urllib.parse import urlparse
+
+    from dgx_assets.lake.files import normalize_uri
+
+    uri = urlparse(normalize_uri(batch_uri.rpartition("/")[0] or batch_uri))  # the zone's: the batch's name is data
+    # Spark names local files `file:/path`; keep its spelling, which the table has always had.
+    return "file:" if uri.scheme == "file" else f"{uri.scheme}://{uri.netloc}"
+
+
 def build_raw_images(spark, batch_uri: str, settings: images.IngestSettings, landed: LandedBatch | None = None):
     """The raw_images DataFrame for one landing batch folder, or None when it holds no image files.
 
     Lazy: the files are listed now, read when the DataFrame is written.
     """
+    from dgx_assets.ingest.landing import look_at_batch
+
+    landed = landed or look_at_batch(batch_uri)
     files = list_batch(batch_uri, landed)
     if not files:
         return None
     chunks = pack(files, _weight, settings.target_file_bytes, spark.sparkContext.defaultParallelism)
-    return map_chunks(spark, chunks, functools.partial(ingest_files, batch_path=batch_uri, settings=settings), RAW_IMAGES_SCHEMA)
+    # The folder as it is spelt on disk (labels are the folders under it), the batch by its name (NFC).
+    ingest = functools.partial(
+        ingest_files, batch_path=_prefix(batch_uri) + landed.path, settings=settings, batch_key=landed.state.name
+    )
+    return map_chunks(spark, chunks, ingest, RAW_IMAGES_SCHEMA)
 
 
 def write_raw_images(frame, folder_uri: str, writer: str = "arrow") -> list[str]:
@@ -125,10 +138,13 @@ def _weight(file: ListedFile) -> int:
 # --- Python workers -------------------------------------------------------------------------------------
 
 
-def ingest_files(files: list[ListedFile], batch_path: str, settings: images.IngestSettings) -> Iterator[pa.RecordBatch]:
-    """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows."""
+def ingest_files(
+    files: list[ListedFile], batch_path: str, settings: images.IngestSettings, batch_key: str | None = None
+) -> Iterator[pa.RecordBatch]:
+    """One raw_images row per listed file, in Arrow batches of ROWS_PER_ARROW_BATCH rows. `batch_key` (the
+    folder's name in NFC by default) goes into the `batch` column."""
     fs = worker_filesystem(batch_path)
-    batch_key = posixpath.basename(batch_path.rstrip("/"))
+    batch_key = batch_key if batch_key is not None else batch_name(posixpath.basename(batch_path.rstrip("/")))
     ingested_at = dt.datetime.now(dt.UTC)
     for start in range(0, len(files), ROWS_PER_ARROW_BATCH):
         listed = files[start : start + ROWS_PER_ARROW_BATCH]

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 if TYPE_CHECKING:
     from dgx_assets.lake.tables import LakeTables
 
-from dgx_assets.lake.files import PARTITION_COLUMN, filesystem_for, normalize_uri
+from dgx_assets.lake.files import child_uri, filesystem_for, normalize_uri, partition_folder
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Lake:
     def asset_uri(self, asset: str, partition: str | None = None) -> str:
         if partition is None:
             return self.uri(asset)
-        return self.uri(asset, f"{PARTITION_COLUMN}={partition}")
+        return child_uri(self.uri(asset), partition_folder(partition))  # the batch escaped: a segment, never URI syntax
 
     # --- files ----------------------------------------------------------------------------------
     def exists(self, uri: str) -> bool:

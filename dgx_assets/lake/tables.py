@@ -29,7 +29,17 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from dgx_assets.lake.files import PARTITION_COLUMN, filesystem_for, normalize_uri, path_of, visible_files
+from dgx_assets.lake.files import (
+    PARTITION_COLUMN,
+    child_uri,
+    filesystem_for,
+    from_location,
+    location_path,
+    normalize_uri,
+    partition_folder,
+    to_location,
+    visible_files,
+)
 from dgx_assets.lake.locks import file_lock
 
 if TYPE_CHECKING:
@@ -128,12 +138,15 @@ class LakeTables:
                     "file://, hdfs:// through libhdfs, and object stores): set DGX_CATALOG_WAREHOUSE to the cluster's "
                     "hdfs:// URI; the rest of the lake may stay on webhdfs://"
                 )
-            properties = catalog_properties(self.catalog_uri, normalize_uri(self.warehouse))
+            # pyiceberg takes a location as it is (a quoted `%20` would make a sibling folder of that name).
+            properties = catalog_properties(self.catalog_uri, to_location(normalize_uri(self.warehouse)))
             initialising = contextlib.nullcontext()
             if properties["uri"].startswith("sqlite:///"):
                 # The first use of a sqlite catalog creates its tables and the namespace, each a check then a
                 # write: processes starting at once (Spark tasks, a sensor's runs) would break each other's.
-                initialising = file_lock(properties["uri"].removeprefix("sqlite:///") + ".init.lock")
+                from sqlalchemy.engine import make_url  # its database path, unquoted as SQLAlchemy unquotes it
+
+                initialising = file_lock(f"{make_url(properties['uri']).database}.init.lock")
             with initialising:
                 catalog = load_catalog(NAMESPACE, **properties)
                 catalog.create_namespace_if_not_exists(NAMESPACE)
@@ -169,9 +182,9 @@ class LakeTables:
         tasks = list(table.scan(row_filter=row_filter, snapshot_id=snap.snapshot_id).plan_files())
         if any(task.delete_files for task in tasks):  # never written here: commits drop whole files
             raise ValueError(f"{NAMESPACE}.{name} has delete files: read it through pyiceberg or Spark's Iceberg runtime")
-        uris = tuple(sorted(task.file.file_path for task in tasks))
-        filesystem, _ = filesystem_for(uris[0] if uris else table.location())
-        return TableSnapshot(name, snap.snapshot_id, uris, filesystem, tuple(path_of(uri) for uri in uris))
+        uris = tuple(sorted(task.file.file_path for task in tasks))  # Iceberg locations, as Spark reads them
+        filesystem, _ = filesystem_for(from_location(uris[0] if uris else table.location()))
+        return TableSnapshot(name, snap.snapshot_id, uris, filesystem, tuple(location_path(uri) for uri in uris))
 
     def require(self, name: str, batch: str | None = None, snapshot_id: int | None = None) -> TableSnapshot:
         """`snapshot`, refusing a table or batch without data files, with what to materialize."""
@@ -235,10 +248,12 @@ class LakeTables:
     # --- writing ------------------------------------------------------------------------------------
     def files_uri(self, name: str, schema: pa.Schema, batch: str | None = None) -> str:
         """A new folder for one materialization's files, under the table's data location (the table is created
-        from `schema` when it does not exist yet). Nothing lists it: files count only once committed."""
+        from `schema` when it does not exist yet). Nothing lists it: files count only once committed. The batch
+        is escaped (`partition_folder`): `lotA#retry` is a folder of its own, never `lotA`'s."""
         table = self._table_for(name, schema)
-        folder = posixpath.join(table.location(), "data", *([f"{PARTITION_COLUMN}={batch}"] if batch is not None else []))
-        return f"{folder}/{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        data = posixpath.join(from_location(table.location()), "data")
+        data = child_uri(data, partition_folder(batch)) if batch is not None else data  # quoted again, as a URI
+        return f"{data}/{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
 
     def commit(
         self, name: str, files: Sequence[str], batch: str | None = None, run_id: str | None = None, properties: dict | None = None
@@ -264,7 +279,8 @@ class LakeTables:
                     EqualTo(PARTITION_COLUMN, batch) if batch is not None else AlwaysTrue(),  # pyright: ignore[reportCallIssue]
                     snapshot_properties=properties,
                 )
-            transaction.add_files(list(files), snapshot_properties=properties, check_duplicate_files=False)
+            locations = [to_location(file) for file in files]  # as Iceberg names a file: its path unquoted
+            transaction.add_files(locations, snapshot_properties=properties, check_duplicate_files=False)
             try:
                 committed = transaction.commit_transaction()
             except CommitFailedException:
@@ -287,11 +303,14 @@ class LakeTables:
         properties: dict | None = None,
     ) -> int:
         """The whole protocol of one materialization: `write(folder)` writes the files into a new folder and
-        returns them, then one commit. A failed write, or a commit that surely did not land, deletes the folder;
-        nothing is committed. Returns the new snapshot's id."""
+        returns them, then one commit. A failed write, or a commit that surely did not land, deletes the files
+        written into the folder, and the folder; nothing is committed. Returns the new snapshot's id."""
         from pyiceberg.exceptions import CommitFailedException
 
         folder = self.files_uri(name, schema, batch)
+        fs, path = filesystem_for(folder)
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:  # never share a folder: its files would be deleted
+            raise FileExistsError(f"{folder} exists already: a materialization writes into a new folder of its own")
         try:
             files = write(folder)
         except BaseException:
@@ -304,10 +323,19 @@ class LakeTables:
             raise
 
     def discard(self, folder_uri: str) -> None:
-        """Delete the files a failed materialization wrote (its abort path)."""
+        """Delete the files a failed materialization wrote (its abort path): each file of its own new folder, by
+        name, then the folder once empty. Nothing outside that folder is touched, nor a folder another run made
+        (a writer's `_temporary` or hidden files are the run's own too)."""
         fs, path = filesystem_for(folder_uri)
-        if fs.get_file_info(path).type == pafs.FileType.Directory:
-            fs.delete_dir(path)
+        if fs.get_file_info(path).type != pafs.FileType.Directory:
+            return
+        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+            if info.type == pafs.FileType.File:
+                fs.delete_file(info.path)
+        folders = [info.path for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))]
+        for folder in sorted(folders, key=len, reverse=True) + [path]:
+            if not fs.get_file_info(pafs.FileSelector(folder)):  # empty: deleting it deletes no file
+                fs.delete_dir(folder)
 
     def _table_for(self, name: str, schema: pa.Schema) -> Table:
         from pyiceberg.exceptions import TableAlreadyExistsError

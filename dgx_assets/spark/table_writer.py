@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from dgx_assets.lake.files import filesystem_for, path_of, visible_files, worker_filesystem
+from dgx_assets.lake.files import filesystem_for, path_of, to_location, visible_files, worker_filesystem
 from dgx_assets.spark.parquet import ROW_GROUP_BYTES, image_table_options
 
 WRITERS = ("arrow", "spark")
@@ -41,12 +41,13 @@ def write_table_files(
     compression: str = "zstd",
     writer: str = "arrow",
 ) -> list[str]:
-    """Write `frame` (of `schema`) as Parquet files into the new folder `folder_uri`; returns the files' URIs."""
+    """Write `frame` (of `schema`) as Parquet files into the new folder `folder_uri` (a lake URI, quoted as
+    URIs are); returns the files' URIs."""
     if writer not in WRITERS:
         raise ValueError(f"writer={writer!r} is not one of {', '.join(WRITERS)}")
     if writer == "spark":
         frame.write.mode("errorifexists").options(**image_table_options(*blob_columns, compression=compression)).parquet(
-            folder_uri
+            to_location(folder_uri)  # Hadoop takes a path as it is: `%20` would be three characters of a name
         )
         fs, path = filesystem_for(folder_uri)
         return [f"{folder_uri}/{posixpath.basename(file)}" for file in visible_files(fs, path, ".parquet")]
@@ -156,6 +157,11 @@ class LakeParquetWriter(DataSourceArrowWriter):  # pyright: ignore[reportGeneral
             out.write(json.dumps(kept).encode())
 
     def abort(self, messages: list[FileWritten]) -> None:
-        fs, path = filesystem_for(self.folder)
-        if fs.get_file_info(path).type == pafs.FileType.Directory:
-            fs.delete_dir(path)
+        """Driver side: delete the files the successful attempts wrote, by name (a failed attempt deleted its
+        own); the folder and anything else in it are left to the caller's abort path."""
+        fs = worker_filesystem(self.folder)
+        for message in messages:
+            if message is not None and message.uri:
+                path = path_of(message.uri)
+                if fs.get_file_info(path).type == pafs.FileType.File:
+                    fs.delete_file(path)

@@ -28,7 +28,7 @@ def test_files_have_the_table_schema_and_no_statistics_on_image_columns(tmp_path
     assert column["batch"].statistics.has_min_max and column["content"].statistics is None  # Iceberg reads batch's
 
 
-def test_commit_keeps_the_successful_attempts_files_and_abort_removes_the_folder(tmp_path):
+def test_commit_keeps_the_successful_attempts_files_and_abort_removes_only_them(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     for name in ("part-00000-0.parquet", "part-00000-1.parquet", "part-00001-0.parquet"):
@@ -38,5 +38,7 @@ def test_commit_keeps_the_successful_attempts_files_and_abort_removes_the_folder
     writer.commit([FileWritten(kept[0]), FileWritten(None), FileWritten(kept[1])])  # a task without rows, and a loser
     assert sorted(p.name for p in folder.glob("*.parquet")) == ["part-00000-1.parquet", "part-00001-0.parquet"]
     assert json.loads((folder / COMMITTED_FILE).read_text()) == kept
-    writer.abort([])
-    assert not folder.exists()
+    (folder / "someone-elses.parquet").write_bytes(b"not this run's")
+    writer.abort([FileWritten(kept[0]), FileWritten(None), FileWritten(kept[1])])
+    # The files the run wrote go, by name; the folder and what the run did not write stay (the caller's to drop).
+    assert sorted(p.name for p in folder.iterdir()) == [COMMITTED_FILE, "someone-elses.parquet"]
