@@ -167,7 +167,7 @@ CHECK_FAILED_ERROR = "DagsterAssetCheckFailedError"  # what Dagster raises when 
 def execute_for_cli(job, instance, progress: DemoProgress | None = None, log_file=None, **options):
     """Run `job` in this process as `make demo` does. Without `progress` the console gets Dagster's event log
     (as `--verbose`); with it, `progress` draws one line per step. `log_file` gets the full event log either way.
-    A blocking check holding a run back is told by the check's description (its what-to-fix text) instead of
+    A blocking check holding a run back is told by what the check found and its `to_fix` entry instead of
     a stack trace: for a CLI user that is the pipeline working, not a crash."""
     import dagster as dg
 
@@ -193,7 +193,7 @@ class RunNotes:
     """What the console loggers of one `execute_for_cli` call remember between records, per run: Dagster makes
     more than one logger instance for a run (its failure is logged by another), so they share this."""
 
-    # failed blocking check -> its description
+    # failed blocking check -> what it found and what to fix
     fixes: dict[str, dict[str, str]] = field(default_factory=dict)
     # step -> why its asset was held back (champion_model's decision), until the step ends
     decisions: dict[str, dict[str | None, str]] = field(default_factory=dict)
@@ -236,9 +236,9 @@ class _GateConsole(logging.Logger):
         elif event is not None and event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
             evaluation = event.event_specific_data
             if not evaluation.passed and evaluation.blocking:
-                fixes[_check_name(evaluation)] = evaluation.description or "(the check gave no description)"
+                fixes[_check_name(evaluation)] = _found_and_fix(evaluation)
             elif not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN:
-                warning_checks[meta.get("step_key")] = evaluation.description or "(the check gave no description)"
+                warning_checks[meta.get("step_key")] = _found_and_fix(evaluation)
         elif (
             event is not None
             and getattr(getattr(event.event_specific_data, "error", None), "cls_name", None) == CHECK_FAILED_ERROR
@@ -256,6 +256,15 @@ class _GateConsole(logging.Logger):
             self._inner.handle(record)
         if self._progress is not None:
             self._progress.event(meta.get("step_key"), event, record.getMessage(), held, progress_of(record), warned)
+
+
+def _found_and_fix(evaluation) -> str:
+    """A failed check in one line: its description (what it found), then its `to_fix` entry."""
+    from dgx_assets.metadata import fix_of
+
+    found = (evaluation.description or "(the check gave no description)").rstrip(".")
+    fix = fix_of(evaluation.metadata or {})
+    return f"{found}. To fix: {fix}" if fix else found
 
 
 def _check_name(evaluation) -> str:
@@ -302,7 +311,7 @@ class _DemoOutcome:
             error = event.step_failure_data.error
             if error is not None and error.cls_name == CHECK_FAILED_ERROR:
                 self.gates += [
-                    f"{what}: {_check_name(e)}: {e.description or error.message.strip()}"
+                    f"{what}: {_check_name(e)}: {_found_and_fix(e) if e.description else error.message.strip()}"
                     for e in held
                     if e.asset_check_key.asset_key.to_user_string() in error.message
                 ]

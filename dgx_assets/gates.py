@@ -51,14 +51,15 @@ class Criterion:
 
 @dataclass(frozen=True)
 class Gate:
-    """A gate's outcome: whether it passed, what it found (on failure, what to fix), the criteria it judged,
-    and the settings it judged them with."""
+    """A gate's outcome: whether it passed, what it found, on failure what to fix, the criteria it judged, and
+    the settings it judged them with."""
 
     name: str
     passed: bool
     detail: str = ""
     criteria: tuple[Criterion, ...] = ()
     settings: dict = field(default_factory=dict)
+    to_fix: str = ""
 
     @classmethod
     def of(cls, name: str, criteria: Iterable[Criterion], detail: str = "", settings: dict | None = None) -> Gate:

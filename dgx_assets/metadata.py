@@ -11,6 +11,9 @@ import dagster as dg
 from dgx_assets import markdown
 
 COLUMN_SCHEMA = "dagster/column_schema"
+# The one way a failed check or a held-back decision says what to fix: this metadata entry, beside a description
+# that says what was found. The quality report, champion_model and the demo's console read it.
+TO_FIX = "to_fix"
 
 
 def number(value: float | None, digits: int = 4) -> float | None:
@@ -52,6 +55,17 @@ def thresholds(metadata: Mapping[str, object]) -> list[tuple[str, float, str, fl
             if isinstance(figure, (int, float)) and isinstance(threshold, (int, float)) and not isinstance(figure, bool):
                 found.append((name, float(figure), bound, float(threshold)))
     return found
+
+
+def to_fix(text: str) -> dict[str, dg.MetadataValue]:
+    """The `to_fix` entry for `text` (Markdown), or nothing when there is nothing to fix."""
+    return {TO_FIX: dg.MetadataValue.md(text)} if text else {}
+
+
+def fix_of(metadata: Mapping[str, object]) -> str:
+    """The `to_fix` text of a check's or materialization's metadata (values or MetadataValues); empty if none."""
+    value = metadata.get(TO_FIX)
+    return str(getattr(value, "value", value) or "")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence]) -> dg.MetadataValue:

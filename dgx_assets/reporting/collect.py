@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from dgx_assets.generation import table as generated_table
 from dgx_assets.ingest import tables
 from dgx_assets.lake.store import Lake
-from dgx_assets.metadata import thresholds
+from dgx_assets.metadata import fix_of, thresholds
 from dgx_assets.reporting.verdict import CheckOutcome
 
 IMAGE_STATISTICS = ("brightness", "contrast", "sharpness")
@@ -78,7 +78,7 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
                     partition=partition,
                     passed=bool(evaluation.passed),
                     severity=evaluation.severity.value,
-                    summary=str(metadata.get("what_to_fix") or evaluation.description or found),
+                    summary=evaluation.description or found,
                     blocking=bool(getattr(evaluation, "blocking", False)),
                     great_expectations="ge_statistics" in metadata,
                     found=found,
@@ -89,19 +89,10 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
     return outcomes
 
 
-FIX_MARK = "To fix:"
-
-
 def found_and_fix(passed: bool, description: str, metadata: dict) -> tuple[str, str]:
-    """What a check found, and on failure what to fix: its description split at "To fix:", its figures against
-    their thresholds, GE's counts; a failed check always gets both."""
-    found, _, fix = description.partition(FIX_MARK)
-    found, fix = found.strip().rstrip("."), fix.strip()
-    what_to_fix = str(metadata.get("what_to_fix") or "")
-    if what_to_fix and FIX_MARK not in what_to_fix:  # all of it says what to fix: the figures say what was found
-        found, fix = "", what_to_fix
-    if "valid_share" in metadata and "min_valid_share" in metadata:
-        found = f"{metadata['valid_share']:.1%} valid (at least {metadata['min_valid_share']:.0%} needed)"
+    """What a check found (its description, its figures against their thresholds, GE's counts) and, on failure,
+    what to fix (its `to_fix` entry); a failed check always gets both."""
+    found, fix = description.strip().rstrip("."), fix_of(metadata)
     stats = metadata.get("ge_statistics") or {}
     if not found and stats:
         found = f"{stats.get('successful_expectations')} of {stats.get('evaluated_expectations')} expectations met"

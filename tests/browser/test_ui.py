@@ -202,7 +202,7 @@ def _dagster_pages(page, dagster_ui: str, mlflow_url: str) -> None:
     page.goto(f"{dagster_ui}/assets/champion_model", wait_until="networkidle")
     page.get_by_text("not promoted, stays candidate", exact=False).first.wait_for(timeout=60_000)
     text = page.inner_text("body")
-    assert "held back" in text and "edge_model.parity" in text and "To fix" in text, text[:3000]
+    assert "held back" in text and "edge_model.parity" in text and "to_fix" in text and "quantization: auto" in text, text[:3000]
     page.screenshot(path=str(SCREENSHOTS / "3-champion-held-back.png"), full_page=True)
 
 

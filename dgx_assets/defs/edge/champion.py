@@ -15,12 +15,12 @@ from dgx_assets.defs.model.checks import MODEL_GATE_CHECK
 from dgx_assets.defs.resources import LakeResource, MlflowResource
 from dgx_assets.edge.promotion import HELD_BACK, PromotionOutcome
 from dgx_assets.gates import Criterion, Gate
-from dgx_assets.metadata import table, thresholds
+from dgx_assets.metadata import fix_of, table, thresholds, to_fix
 
 # The checks a version must pass to become champion, known from their definitions: trained_model's gate and
 # edge_model's parity, each judged in its asset's own step, so both are in before champion_model runs.
 PROMOTION_CHECKS = tuple(sorted({MODEL_GATE_CHECK.key, *edge_model.check_keys}, key=str))
-FIX_THEN = "then materialize champion_model again (or Materialize all)"
+FIX_THEN = "Then materialize champion_model again (or Materialize all)."
 
 
 def check_gate(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> Gate:
@@ -29,17 +29,18 @@ def check_gate(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> Gate:
     name = f"{asset}.{key.name}"
     latest = instance.fetch_materializations(key.asset_key, limit=1).records
     if not latest:
-        return Gate(name, False, f"{asset} was never materialized. To fix: materialize {asset}")
+        return Gate(name, False, f"{asset} was never materialized", to_fix=f"Materialize {asset}")
     record = instance.get_latest_asset_check_evaluation_record(key)
     evaluation = record.event.asset_check_evaluation if record and record.event else None
     target = evaluation.target_materialization_data if evaluation else None
     if evaluation is None:
-        return Gate(name, False, f"{key.name} has not run on {asset}. To fix: execute the check {key.name}")
+        return Gate(name, False, f"{key.name} has not run on {asset}", to_fix=f"Execute the check {key.name}")
     if target is None or target.storage_id != latest[0].storage_id:
-        return Gate(name, False, f"{key.name} did not run on the latest {asset}. To fix: execute the check {key.name}")
+        return Gate(name, False, f"{key.name} did not run on the latest {asset}", to_fix=f"Execute the check {key.name}")
     # Each figure the check compared with a threshold (metadata `name` beside `max_name` or `min_name`).
     criteria = tuple(Criterion.judge(*found) for found in thresholds(evaluation.metadata or {}))
-    return Gate(name, bool(evaluation.passed), evaluation.description or ("passed" if evaluation.passed else "failed"), criteria)
+    detail = evaluation.description or ("passed" if evaluation.passed else "failed")
+    return Gate(name, bool(evaluation.passed), detail, criteria, to_fix=fix_of(evaluation.metadata or {}))
 
 
 def decision_metadata(outcome: PromotionOutcome, gates: list[Gate], version_url: str) -> dict:
@@ -62,7 +63,7 @@ def decision_metadata(outcome: PromotionOutcome, gates: list[Gate], version_url:
         **(
             {
                 "reason": dg.MetadataValue.md("\n\n".join(f"**{gate.name}** failed: {gate.detail}" for gate in failed)),
-                "to_fix": dg.MetadataValue.md(f"Make the failing gate pass as its reason says, {FIX_THEN}."),
+                **to_fix(" ".join([*(f"{gate.to_fix.rstrip('.')}." for gate in failed if gate.to_fix), FIX_THEN])),
             }
             if failed
             else {}
@@ -83,7 +84,7 @@ def held_back_summary(metadata: dict) -> str | None:
     sentences = [
         str(metadata.get("outcome", "")),
         *str(metadata.get("reason", "")).split("\n\n"),
-        str(metadata.get("to_fix", "")),
+        fix_of(metadata),
     ]
     return " ".join(f"{sentence.rstrip('.')}." for sentence in sentences if sentence.strip())
 
@@ -121,7 +122,9 @@ def champion_model(context: dg.AssetExecutionContext, lake: LakeResource, mlflow
             dagster_run_id=context.run_id,
         )
     except ValueError as error:  # the registered version is gone
-        raise dg.Failure(description=f"cannot promote: {error}. To fix: re-materialize trained_model and edge_model") from error
+        raise dg.Failure(
+            description=f"cannot promote: {error}", metadata=to_fix("Re-materialize trained_model and edge_model")
+        ) from error
     version_url = links.mlflow_model_version(mlflow.tracking_config().ui_url, outcome.model_name, outcome.version)
     metadata = decision_metadata(outcome, gates, version_url)
     (context.log.info if outcome.promoted else context.log.warning)(f"{metadata['decision']}: {metadata['outcome']}")

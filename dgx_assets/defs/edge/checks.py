@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from dgx_assets.edge.parity import GateSettings
-from dgx_assets.metadata import gated, number, table
+from dgx_assets.metadata import gated, number, table, to_fix
 
 if TYPE_CHECKING:
     from dgx_assets.edge.ladder import LadderOutcome
@@ -27,15 +27,15 @@ def gate_description() -> str:
     )
 
 
-def what_to_fix(shipped_format: str, forced: bool) -> str:
+def parity_fix(shipped_format: str, forced: bool) -> str:
     if forced:
         return (
-            f"To fix: set `quantization: auto` in edge_model's config so a format that passes ships (float16 keeps "
+            f"Set `quantization: auto` in edge_model's config so a format that passes ships (float16 keeps "
             f"agreement at about twice int8's size), or, if this device needs {shipped_format}, relax the gate's "
             "thresholds in edge_model's config; then re-materialize edge_model"
         )
     return (
-        "To fix: no format passed, so the edge path itself differs from trained_model (a wrong input_scale or "
+        "No format passed, so the edge path itself differs from trained_model (a wrong input_scale or "
         "resize_method, or raw images unlike the training tensors): compare edge_model.json with image_features' "
         "settings, then re-materialize edge_model"
     )
@@ -53,7 +53,7 @@ def parity_result(ladder: LadderOutcome) -> dg.AssetCheckResult:
     report, gate = ladder.shipped.report, ladder.shipped.gate
     forced = ladder.requested != AUTO
     description = (
-        f"{report.quantization} ships: " + "; ".join(gate.reasons) + ". " + what_to_fix(report.quantization, forced)
+        f"{report.quantization} ships: " + "; ".join(gate.reasons)
         if not gate.passed
         else f"{report.quantization} decides like trained_model: " + "; ".join(c.text for c in gate.criteria)
     )
@@ -64,6 +64,7 @@ def parity_result(ladder: LadderOutcome) -> dg.AssetCheckResult:
         description=description,
         metadata={
             "format": report.quantization,
+            **to_fix("" if gate.passed else parity_fix(report.quantization, forced)),
             # Each criterion's figure beside its limit (max_<name>), the pair the report and champion_model read.
             **{key: value for c in gate.criteria for key, value in gated(c.name, c.value, c.threshold, c.bound).items()},
             "criteria": table(

@@ -10,7 +10,7 @@ from dgx_assets.defs.generation.assets import ASSET_KEY, ernie_generated_images
 from dgx_assets.defs.resources import LakeResource, SparkResource
 from dgx_assets.generation import table
 from dgx_assets.generation.diversity import MAX_IMAGES, MIN_MEAN_DISTANCE
-from dgx_assets.metadata import gated, number
+from dgx_assets.metadata import gated, number, to_fix
 from dgx_assets.metadata import table as markdown_table
 from dgx_assets.quality.expectations import run_suite
 
@@ -20,8 +20,11 @@ class GeneratedShareConfig(dg.Config):
 
 
 def _no_table() -> dg.AssetCheckResult:
-    what_to_fix = f"The table {ASSET_KEY} has no data: materialize ernie_generated_images first."
-    return dg.AssetCheckResult(passed=False, description=what_to_fix, metadata={"what_to_fix": what_to_fix})
+    return dg.AssetCheckResult(
+        passed=False,
+        description=f"The table {ASSET_KEY} has no data",
+        metadata=to_fix("Materialize ernie_generated_images first."),
+    )
 
 
 # Blocks anything downstream (the quality report) when too few of the sent prompts produced a usable image.
@@ -54,12 +57,13 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
     )
     passed = summary["sent"] > 0 and outcome.success and summary["valid_share"] >= config.min_valid_share
     bad = {status: n for status, n in summary["status_counts"].items() if status not in (table.VALID, table.INVALID_PROMPT)}
-    what_to_fix = (
+    found = f"{summary['valid']} of the {summary['sent']} prompts that could be sent have a valid image" + (
+        "" if passed else f" ({summary['valid_share']:.1%}, at least {config.min_valid_share:.0%} needed; not valid: {bad})"
+    )
+    fix = (
         ""
         if passed
         else (
-            f"{summary['valid']} of the {summary['sent']} prompts that could be sent have a valid image "
-            f"({summary['valid_share']:.1%}, at least {config.min_valid_share:.0%} needed; not valid: {bad}). "
             "Read `status` and `error` per row: `failed` means the endpoints were down or kept failing, `bad_reply` that "
             "they answered in a shape the protocol does not allow, `corrupted`/`decode_error` that they sent broken "
             "images, `rejected` that they refused the request (size, seed). Then re-materialize: only those rows are "
@@ -68,7 +72,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
     )
     return dg.AssetCheckResult(
         passed=passed,
-        description=what_to_fix or f"{summary['valid']} of {summary['sent']} sent prompts have a valid image",
+        description=found,
         metadata={
             "status_counts": dg.MetadataValue.json(summary["status_counts"]),
             "valid_share": round(summary["valid_share"], 4),
@@ -77,7 +81,7 @@ def generated_images_valid(config: GeneratedShareConfig, spark: SparkResource, l
             "prompts_sent": summary["sent"],
             "ge_statistics": dg.MetadataValue.json(outcome.statistics),
             **({"ge_data_docs": dg.MetadataValue.url(outcome.data_docs)} if outcome.data_docs else {}),
-            "what_to_fix": what_to_fix,
+            **to_fix(fix),
         },
     )
 
@@ -96,20 +100,22 @@ def generated_prompts_valid(lake: LakeResource) -> dg.AssetCheckResult:
         return _no_table()
     invalid = written.to_table(columns=["id", "error"], filter=pc.field("status") == table.INVALID_PROMPT)
     examples = invalid.slice(0, 20).to_pylist()
-    what_to_fix = (
-        ""
-        if not invalid.num_rows
-        else (
-            f"{invalid.num_rows} row(s) of the prompts table cannot be sent and were skipped: "
-            + "; ".join(f"{row['id']}: {row['error']}" for row in examples[:5])
-            + ". Fix them in the prompts table (DGX_PROMPTS_URI) and re-materialize: only those rows are generated."
-        )
+    found = (
+        f"{invalid.num_rows} row(s) of the prompts table cannot be sent and were skipped: "
+        + "; ".join(f"{row['id']}: {row['error']}" for row in examples[:5])
+        if invalid.num_rows
+        else "every prompt could be sent"
+    )
+    fix = (
+        "Fix them in the prompts table (DGX_PROMPTS_URI) and re-materialize: only those rows are generated."
+        if invalid.num_rows
+        else ""
     )
     return dg.AssetCheckResult(
         passed=not invalid.num_rows,
         severity=dg.AssetCheckSeverity.WARN,
-        description=what_to_fix or "every prompt could be sent",
-        metadata={"invalid_prompts": invalid.num_rows, "examples": dg.MetadataValue.json(examples), "what_to_fix": what_to_fix},
+        description=found,
+        metadata={"invalid_prompts": invalid.num_rows, "examples": dg.MetadataValue.json(examples), **to_fix(fix)},
     )
 
 
@@ -158,23 +164,27 @@ def generated_images_diverse(config: DiversityConfig, lake: LakeResource) -> dg.
         f"mean pairwise distance {diversity.mean_distance:.3f} of {diversity.images} valid images' EfficientNet-Lite0 "
         f"embeddings (at least {config.min_mean_pairwise_distance:g})"
     )
-    what_to_fix = (
-        f"The generated images are near-duplicates: {found}; the closest pair {diversity.closest[0][0]} and "
-        f"{diversity.closest[0][1]} ({diversity.closest[0][2]:.3f}). To fix: the generator ignores its prompts (mode "
-        "collapse); train it longer or on more varied images (`dgx-assets build-generator`), or point "
-        "DGX_ERNIE_ENDPOINTS at a real ERNIE-Image server, then re-materialize with `redo_all: true`"
+    if near:
+        found = (
+            f"The generated images are near-duplicates: {found}; the closest pair {diversity.closest[0][0]} and "
+            f"{diversity.closest[0][1]} ({diversity.closest[0][2]:.3f})"
+        )
+    fix = (
+        "The generator ignores its prompts (mode collapse): train it longer or on more varied images "
+        "(`dgx-assets build-generator`), or point DGX_ERNIE_ENDPOINTS at a real ERNIE-Image server, then "
+        "re-materialize with `redo_all: true`"
         if near
         else ""
     )
     return dg.AssetCheckResult(
         passed=not near,
         severity=dg.AssetCheckSeverity.WARN,
-        description=what_to_fix or f"the images differ: {found}",
+        description=found if near else f"the images differ: {found}",
         metadata={
             **gated("mean_pairwise_distance", diversity.mean_distance, config.min_mean_pairwise_distance, "min"),
             "images_compared": diversity.images,
             "closest_pairs": markdown_table(["image", "image", "distance"], [[a, b, number(d)] for a, b, d in diversity.closest]),
-            "what_to_fix": what_to_fix,
+            **to_fix(fix),
         },
     )
 

@@ -12,6 +12,7 @@ from dgx_assets import settings
 from dgx_assets.defs.ingest.assets import raw_images
 from dgx_assets.defs.resources import LakeResource, SparkResource
 from dgx_assets.ingest import images
+from dgx_assets.metadata import to_fix
 from dgx_assets.partitions import image_batches
 from dgx_assets.quality.expectations import SuiteOutcome, run_suite
 
@@ -117,21 +118,21 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
             ],
         )
         share = 1 - (outcome.expectations[0]["unexpected_percent"] or 0) / 100
-        what_to_fix = (
+        fix = (
             ""
             if outcome.success
             else (
-                f"Only {share:.1%} of batch {batch} decoded as images (at least {config.min_valid_share:.0%} "
-                "needed); see `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
+                "See `status`/`reason` in raw_images and the GE data docs, fix or remove the bad files (links and "
                 "special files too: copy the real files in) in the landing batch, then re-materialize."
             )
         )
         return _result(
             outcome,
-            description=what_to_fix or f"{share:.1%} of batch {batch} are valid images",
+            description=f"{share:.1%} of batch {batch} decoded as images"
+            + ("" if outcome.success else f" (at least {config.min_valid_share:.0%} needed)"),
             valid_share=round(share, 4),
             min_valid_share=config.min_valid_share,
-            what_to_fix=what_to_fix,
+            **to_fix(fix),
         )
 
     return _each_batch(context, evaluate)

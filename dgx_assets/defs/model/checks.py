@@ -4,7 +4,7 @@ import dagster as dg
 from pydantic import BaseModel, Field
 
 from dgx_assets.gates import Criterion, Gate
-from dgx_assets.metadata import gated, number
+from dgx_assets.metadata import gated, number, to_fix
 
 
 def evaluate_gate(
@@ -92,15 +92,16 @@ def model_gate_result(info: dict, tracking_uri: str, settings: ModelGateSettings
     fix = (
         ""
         if gate.passed
-        else ". To fix: train a better model (trained_model's config, more or cleaner data), or, if this version "
+        else "Train a better model (trained_model's config, more or cleaner data), or, if this version "
         "should ship anyway, relax min_margin_over_baseline or champion_tolerance in trained_model's config"
     )
     return dg.AssetCheckResult(
         check_name=MODEL_GATE_CHECK.name,
         passed=gate.passed,
         severity=dg.AssetCheckSeverity.ERROR,
-        description=gate.detail + fix,
+        description=gate.detail,
         metadata={
+            **to_fix(fix),
             "model_version": f"{info['registered_model_name']} v{info['model_version']}",
             # test_accuracy beside min_test_accuracy: the report and champion_model show it as any gated figure
             **gated(

@@ -256,7 +256,8 @@ def test_a_failing_parity_gate_holds_the_version_back_and_the_same_run_reports_w
     formats = result.asset_materializations_for_node("edge_model")[0].metadata["formats_tried"].value
     assert all(f"| {name} |" in formats for name in ("int8", "float16", "float32")) and "| pass |" not in formats
     assert parity.metadata["format"].value == "float32"
-    assert "no format passed" in parity.description and "input_scale" in parity.description
+    assert "no format passed" not in parity.description  # what was found; what to fix is its own entry
+    assert "No format passed" in parity.metadata["to_fix"].value and "input_scale" in parity.metadata["to_fix"].value
     for criterion in json.loads((edge_env["lake"] / "edge_model" / "parity.json").read_text())["gate"]["criteria"]:
         # each criterion's figure beside its limit, as numbers the UI plots
         assert parity.metadata[f"max_{criterion['name']}"].value == criterion["threshold"]
@@ -267,6 +268,7 @@ def test_a_failing_parity_gate_holds_the_version_back_and_the_same_run_reports_w
     assert decision["decision"].value == "held back"
     assert decision["outcome"].value == f"{MODEL_NAME} v1 not promoted, stays candidate; the champion stays none"
     assert f"**edge_model.parity** failed: {parity.description}" in decision["reason"].value
+    assert parity.metadata["to_fix"].value in decision["to_fix"].value
     assert "materialize champion_model again" in decision["to_fix"].value
     record = json.loads((edge_env["lake"] / "edge_model" / "parity.json").read_text())
     for criterion in record["gate"]["criteria"]:

@@ -15,7 +15,7 @@ from dgx_assets.demo import _DemoOutcome, execute_for_cli
 from dgx_assets.demo_console import DemoProgress
 from dgx_assets.partitions import image_batches
 
-FIX = "Only 14.3% of batch bad decoded as images (at least 80% needed)"
+FIX = "14.3% of batch bad decoded as images (at least 80% needed). To fix: See `status`/`reason` in raw_images"
 
 
 def _bad_batch_defs(tmp_path, spark_resource) -> dg.Definitions:
@@ -139,7 +139,7 @@ def test_libraries_output_goes_to_the_log_file_and_the_console_keeps_the_step_li
 
 def test_a_held_back_promotion_reads_held_back_with_its_reason_and_the_run_goes_on(tmp_path):
     outcome_text = "m v1 not promoted, stays candidate; the champion stays none"
-    reason = "**edge_model.parity** failed: 15 flips. To fix: set `quantization: auto`"
+    reason = "**edge_model.parity** failed: int8 ships: 15 flips"
 
     @dg.asset(name="champion_model")  # champion_model's contract: its decision in its metadata
     def decision() -> dg.MaterializeResult:

@@ -117,8 +117,8 @@ def test_mostly_corrupt_batch_fails_the_blocking_check_and_stops_downstream(tmp_
         )
         share = {e.check_name: e for e in result.get_asset_check_evaluations()}["valid_image_share"]
         assert not share.passed
-        assert "Only 14.3%" in share.metadata["what_to_fix"].value
-        assert share.description == share.metadata["what_to_fix"].value  # shown in the UI, the CLI and the report
+        assert share.description == "14.3% of batch bad decoded as images (at least 80% needed)"
+        assert "fix or remove the bad files" in share.metadata["to_fix"].value  # the UI, the CLI and the report
         assert share.metadata["failing_examples"].value["status"] == ["corrupted"] * 6
         assert not result.asset_materializations_for_node("downstream_of_raw_images")
 

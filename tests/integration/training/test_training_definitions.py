@@ -151,7 +151,8 @@ def _run_gate(platform, **config) -> dg.AssetCheckResult:
 def test_gate_fails_a_model_that_does_not_beat_guessing_by_the_margin(platform, trained):
     evaluation = _run_gate(platform, min_margin_over_baseline=1.0)
     assert not evaluation.passed and "majority baseline" in evaluation.description
-    assert "To fix:" in evaluation.description and evaluation.metadata["min_margin_over_baseline"].value == 1.0
+    assert "Train a better model" in evaluation.metadata["to_fix"].value
+    assert evaluation.metadata["min_margin_over_baseline"].value == 1.0
     # The figure and the accuracy it had to reach, as the report and champion_model read any gated figure.
     found = thresholds(evaluation.metadata)
     baseline = evaluation.metadata["majority_baseline_accuracy"].value

@@ -28,7 +28,7 @@ def test_blocking_failure_fails_warning_warns_clean_passes():
 
 
 def test_a_held_back_version_leads_the_verdict_and_stands_for_its_failed_gate():
-    parity = CheckOutcome("edge_model", "parity", None, False, "ERROR", "int8 ships: 15 flips. To fix: set `quantization: auto`")
+    parity = CheckOutcome("edge_model", "parity", None, False, "ERROR", "int8 ships: 15 flips")
     other = CheckOutcome("ernie_generated_images", "generated_images_valid", None, False, "ERROR", "start the server")
     held = "dgx_defect_classifier v1 not promoted, stays candidate; the champion stays none. **edge_model.parity** failed: ..."
     verdict = decide([PASSED, parity, other], [], [], held_back=held, gate_checks={("edge_model", "parity")})
@@ -158,19 +158,21 @@ def test_check_tables_tell_kind_fill_both_columns_of_a_failure_and_mark_its_row(
     assert "parity" not in ge_section and "parity" in page[page.index("id='other-checks'") :]
 
 
-def test_found_and_fix_split_a_description_and_read_figures_against_thresholds():
+def test_found_and_fix_read_the_description_the_to_fix_entry_and_figures():
+    import dagster as dg
+
     from dgx_assets.reporting.collect import found_and_fix
 
-    description = "int8 ships: 15 of 398 flip. To fix: set `quantization: auto`, then re-materialize edge_model"
-    assert found_and_fix(False, description, {}) == ("int8 ships: 15 of 398 flip", description.split("To fix: ")[1])
-    share = {"valid_share": 0.143, "min_valid_share": 0.8, "what_to_fix": "Only 14.3% decoded; fix the landing batch"}
-    assert found_and_fix(False, "Only 14.3% decoded", share) == ("14.3% valid (at least 80% needed)", share["what_to_fix"])
+    fix = "set `quantization: auto`, then re-materialize edge_model"
+    assert found_and_fix(False, "int8 ships: 15 of 398 flip.", {"to_fix": fix}) == ("int8 ships: 15 of 398 flip", fix)
+    as_logged = {"to_fix": dg.MetadataValue.md(fix)}  # as the event log returns it
+    assert found_and_fix(False, "int8 ships: 15 of 398 flip", as_logged)[1] == fix
     stats = {"ge_statistics": {"successful_expectations": 0, "evaluated_expectations": 1}, "failing_examples": {"sha256": ["ab"]}}
     found, fix = found_and_fix(False, "", stats)
     assert found == "0 of 1 expectations met; failing: sha256: ab" and "GE's data docs" in fix
     assert found_and_fix(True, "all fine", {}) == ("all fine", "")
-    marked = {"what_to_fix": "Near-duplicates: distance 0.069. To fix: train longer"}  # its own split holds
-    assert found_and_fix(False, marked["what_to_fix"], marked) == ("Near-duplicates: distance 0.069", "train longer")
+    # A description is what was found: a "To fix:" inside it is not split out (to_fix is the one place)
+    assert found_and_fix(False, "odd. To fix: nothing", {})[0] == "odd. To fix: nothing"
 
 
 def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_threshold_and_markdown_reasons():
@@ -180,7 +182,8 @@ def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_thresho
         None,
         False,
         "ERROR",
-        "int8 ships. To fix: set `quantization: auto`",
+        "int8 ships: 15 flips",
+        fix="Set `quantization: auto`",
         figures=(("accuracy_drop_points", 0.5, "max", 1.0), ("negative_flip_rate", 0.0377, "max", 0.02)),
     )
     share = CheckOutcome("raw_images", "valid_image_share", "b1", True, "ERROR", figures=(("valid_share", 0.98, "min", 0.8),))
@@ -192,7 +195,7 @@ def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_thresho
     data = ReportData(
         batches=_batches(0.5),
         checks=[model_gate, share, parity],
-        promotion={**promotion, "reason": "**edge_model.parity** failed: int8 ships. To fix: set `quantization: auto`"},
+        promotion={**promotion, "reason": "**edge_model.parity** failed: int8 ships: `negative_flip_rate` 0.0377"},
         model={"test_metrics": {"accuracy": 0.869, "majority_baseline_accuracy": 0.706}},
     )
     from dgx_assets.defs.edge.champion import held_back_summary
@@ -200,7 +203,7 @@ def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_thresho
     verdict = decide(data.checks, [], [], held_back=held_back_summary(data.promotion), gate_checks={("edge_model", "parity")})
     page = render.render_html(data, verdict, {render.DECISION_RUN: "http://127.0.0.1:3000/runs/abc"})
     first_screen = page[: page.index("id='ingestion'")]
-    assert "<strong>edge_model.parity</strong> failed: int8 ships. To fix: set <code>quantization: auto</code>" in first_screen
+    assert "<strong>edge_model.parity</strong> failed: int8 ships: <code>negative_flip_rate</code> 0.0377" in first_screen
     assert "<b>Promotion: held back</b>" in first_screen and "m v1 not promoted, stays candidate" in first_screen
     assert "<a href='http://127.0.0.1:3000/runs/abc'>this Dagster run</a>" in first_screen
     cards = re.findall(r"<div class='figure( failed)?'><b>(.*?)</b>(.*?)<span class='threshold'>(.*?)</span>", first_screen)
