@@ -5,6 +5,8 @@ statistics and failing examples go into the check's metadata, and GE's data docs
 """
 
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 
@@ -37,7 +39,10 @@ def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid
 
 
 def _result(
-    outcome: SuiteOutcome, severity=dg.AssetCheckSeverity.ERROR, description: str | None = None, **extra
+    outcome: SuiteOutcome,
+    severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR,
+    description: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dg.AssetCheckResult:
     failing = {e["column"] or e["expectation"]: e["failing_examples"] for e in outcome.expectations if not e["success"]}
     return dg.AssetCheckResult(
@@ -49,7 +54,7 @@ def _result(
             "ge_results": dg.MetadataValue.json(outcome.expectations),
             "failing_examples": dg.MetadataValue.json(failing),
             **({"ge_data_docs": dg.MetadataValue.url(outcome.data_docs)} if outcome.data_docs else {}),
-            **extra,
+            **(extra or {}),
         },
     )
 
@@ -130,9 +135,7 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
             outcome,
             description=f"{share:.1%} of batch {batch} decoded as images"
             + ("" if outcome.success else f" (at least {config.min_valid_share:.0%} needed)"),
-            valid_share=round(share, 4),
-            min_valid_share=config.min_valid_share,
-            **to_fix(fix),
+            extra={"valid_share": round(share, 4), "min_valid_share": config.min_valid_share, **to_fix(fix)},
         )
 
     return _each_batch(context, evaluate)
