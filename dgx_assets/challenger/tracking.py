@@ -106,7 +106,6 @@ def train_and_track_challenger(
 def write_challenger_outputs(lake: Lake, tracked: TrackedChallenger, tracking_uri: str) -> str:
     """<lake>/challenger_model/: the booster (UBJSON) and model_info.json, swapped in together."""
     import tempfile
-    import uuid
     from pathlib import Path
 
     result = tracked.result
@@ -133,13 +132,13 @@ def write_challenger_outputs(lake: Lake, tracked: TrackedChallenger, tracking_ur
         "hardware_kind": tracked.hardware.get("kind"),
         "trained_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    staging, final = lake.uri(f".staging-{CHALLENGER_ASSET}-{uuid.uuid4().hex[:12]}"), lake.asset_uri(CHALLENGER_ASSET)
+    staging, final = lake.staging_uri(CHALLENGER_ASSET), lake.asset_uri(CHALLENGER_ASSET)
     with tempfile.TemporaryDirectory(prefix="challenger-") as tmp:
         model_path = Path(tmp) / MODEL_FILE
         result.booster.save_model(str(model_path))
         lake.write_bytes(f"{staging}/{MODEL_FILE}", model_path.read_bytes())
     lake.write_bytes(f"{staging}/{INFO_FILE}", json.dumps(info, indent=2).encode())
-    lake.commit(staging, final)
+    lake.swap_in(staging, final)
     return final
 
 

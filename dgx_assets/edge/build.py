@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import posixpath
 import tempfile
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,10 +293,9 @@ def build_edge_model(
             decision=triton.ServingDecision(ladder.shipped.format, decision.threshold, positive),
         )
 
-        # A hidden sibling of <lake>/edge_model, swapped in by Lake.commit (lake maintenance sweeps a killed run's).
-        staging, final = lake.uri(f".staging-{EDGE_ASSET}-{uuid.uuid4().hex[:12]}"), lake.asset_uri(EDGE_ASSET)
+        staging, final = lake.staging_uri(EDGE_ASSET), lake.asset_uri(EDGE_ASSET)
         _upload_tree(lake, out, staging)
-        lake.commit(staging, final)
+        lake.swap_in(staging, final)
         run_id = trained.info.get("mlflow_run_id")
         if tracking_uri and run_id:
             log_to_mlflow(tracking_uri, run_id, out, ladder, final)

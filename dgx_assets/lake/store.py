@@ -5,8 +5,9 @@ Apache Iceberg tables (`Lake.tables`, dgx_assets/lake/tables.py): partitions are
 transactions, and readers take the files of a snapshot, never a folder listing.
 
 What is not a table (trained_model's and edge_model's folders, the search's recipe) stays a folder of files,
-written into a hidden sibling and swapped in by two renames (`commit`): a reader never sees half of it, and a
-run killed between the renames leaves the previous version aside, which the next swap puts back.
+written into a hidden sibling (`staging_uri`, the one staging-name convention) and swapped in by two renames
+(`swap_in`): a reader never sees half of it, and a run killed between the renames leaves the previous version
+aside, which the next swap puts back.
 `dgx-assets lake maintain` deletes the hidden siblings that killed runs left, once older than a few days.
 """
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from dgx_assets.lake.tables import LakeTables
 
 from dgx_assets.lake.files import child_uri, filesystem_for, normalize_uri, partition_folder
+
+STAGING_PREFIX = ".staging-"  # a dot-name: the docs server never serves it; `lake maintain` sweeps the ones killed runs left
 
 
 @dataclass
@@ -97,7 +100,11 @@ class Lake:
             self.fs.delete_file(path)
 
     # --- atomic replace ---------------------------------------------------------------------------
-    def commit(self, staging_uri: str, final_uri: str) -> None:
+    def staging_uri(self, asset: str) -> str:
+        """A fresh hidden folder at the lake's top to write `asset`'s next version into before `swap_in`."""
+        return self.uri(f"{STAGING_PREFIX}{asset}-{uuid.uuid4().hex[:12]}")
+
+    def swap_in(self, staging_uri: str, final_uri: str) -> None:
         """Make the folder `staging_uri` (a hidden sibling of `final_uri`) visible as `final_uri`, replacing what
         was there: for the outputs that are not tables."""
         staging, final = self.fs_path(staging_uri), self.fs_path(final_uri)
@@ -132,7 +139,7 @@ class Lake:
         for info in self.fs.get_file_info(pafs.FileSelector(self._root_path, allow_not_found=True)):
             name = posixpath.basename(info.path)
             old = info.mtime_ns is not None and time.time() - info.mtime_ns / 1e9 > older_than_s
-            if name.startswith(".staging-") and info.type == pafs.FileType.Directory and old:
+            if name.startswith(STAGING_PREFIX) and info.type == pafs.FileType.Directory and old:
                 self.fs.delete_dir(info.path)
                 swept.append(self.uri_of(info.path))
         return swept

@@ -12,7 +12,6 @@ import json
 import math
 import posixpath
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +94,11 @@ def model_info(
 def write_model_outputs(lake: Lake, tracked: TrackedModel, info: dict[str, Any]) -> str:
     """Write model.keras and model_info.json aside, then swap them in; returns the folder URI."""
     final = lake.asset_uri(TRAINED_MODEL_ASSET)
-    # A hidden sibling of the asset folder (inside it, the swap would move it aside with the old version);
-    # lake maintenance sweeps the one a killed run leaves.
-    staging = lake.uri(f".staging-{TRAINED_MODEL_ASSET}-{uuid.uuid4().hex[:12]}")
+    staging = lake.staging_uri(TRAINED_MODEL_ASSET)
     with tempfile.TemporaryDirectory(prefix="trained_model-") as tmp:
         local = Path(tmp) / MODEL_FILE
         tracked.training.model.save(local)
         lake.write_bytes(f"{staging}/{MODEL_FILE}", local.read_bytes())
     lake.write_bytes(f"{staging}/{INFO_FILE}", json.dumps(info, indent=2, sort_keys=True).encode())
-    lake.commit(staging, final)
+    lake.swap_in(staging, final)
     return final

@@ -21,12 +21,10 @@ def best_config_uri(lake: Any) -> str:
 
 def write_best_config(lake: Any, best: dict[str, Any], provenance: dict[str, Any]) -> str:
     """Write the file aside and swap it in (a reader never sees half of it)."""
-    import uuid
-
     record = {"hyperparameters": {key: best[key] for key in SEARCHED_FIELDS}, **provenance}
-    staging, final = lake.uri(f".staging-{SEARCH_ASSET}-{uuid.uuid4().hex[:12]}"), lake.asset_uri(SEARCH_ASSET)
+    staging, final = lake.staging_uri(SEARCH_ASSET), lake.asset_uri(SEARCH_ASSET)
     lake.write_bytes(f"{staging}/{BEST_CONFIG_FILE}", json.dumps(record, indent=2).encode())
-    lake.commit(staging, final)
+    lake.swap_in(staging, final)
     return f"{final}/{BEST_CONFIG_FILE}"
 
 

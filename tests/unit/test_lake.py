@@ -9,12 +9,12 @@ from dgx_assets.lake.store import Lake
 
 
 def _swap_in(lake: Lake, asset: str, name: str, data: bytes) -> None:
-    staging = lake.uri(f".staging-{asset}-{data.hex()[:12]}")
+    staging = lake.staging_uri(asset)
     lake.write_bytes(f"{staging}/{name}", data)
-    lake.commit(staging, lake.asset_uri(asset))
+    lake.swap_in(staging, lake.asset_uri(asset))
 
 
-def test_commit_replaces_a_whole_asset_folder(tmp_path):
+def test_swap_in_replaces_a_whole_asset_folder(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     for version in (b"v1", b"v2"):
         _swap_in(lake, "model", "model.bin", version)
