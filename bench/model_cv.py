@@ -289,8 +289,7 @@ def run(report: Report, args) -> None:
     overrides = parse_settings(args.set)
     if args.quick:
         overrides = {"epochs": 1, **overrides}
-    train_config = TrainConfig(**overrides)
-    train_config.check()
+    train_config = TrainConfig(**overrides)  # a wrong setting is refused here, named
     folds = 2 if args.quick else args.folds
     cache = work_dir(NAME)
     rows = elpv_rows(240 if args.quick else None)

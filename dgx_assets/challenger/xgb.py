@@ -109,7 +109,6 @@ def train_challenger(
 
     from dgx_assets.training.train import classification_report
 
-    config.check()
     say = log or (lambda message: None)
     index = scan_features(files)
     frame = embedding_frame(spark, uris, index)

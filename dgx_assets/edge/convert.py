@@ -25,20 +25,22 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # The device side (names, decoding) lives where the edge runtime imports it without TensorFlow or pydantic.
 from dgx_assets.station.device import INPUT_NAME, OUTPUT_NAME, SIGNATURE_KEY, decode_to_raw  # noqa: F401
 
 # What a conversion produces; `auto` (ConversionSettings only) is the format ladder of edge/ladder.py.
-QUANTIZATIONS = ("int8", "float16", "float32", "dynamic")
+Quantization = Literal["int8", "float16", "float32", "dynamic"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 AUTO = "auto"
 # bilinear_antialias is image_features' resize, as two constant FULLY_CONNECTED layers (TFLite has no such
 # kernel); the other two are TFLite's own, cheaper and less faithful (docs/decisions/0002-edge-conversion.md).
-RESIZE_METHODS = ("bilinear_antialias", "bilinear", "nearest")
+ResizeMethod = Literal["bilinear_antialias", "bilinear", "nearest"]
+RESIZE_METHODS: tuple[str, ...] = get_args(ResizeMethod)
 # The layers with the largest int8 error; kept in float they cost no CPU latency, but helped only some models
 # (docs/decisions/0002-edge-conversion.md), so the default stays full-integer and this is a suggestion.
 LITE0_FLOAT_STEM = ("stem_", "block00_dw_")
@@ -51,15 +53,19 @@ class ConversionSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    quantization: str = Field(
+    quantization: Literal["auto", Quantization] = Field(
         AUTO,
         description="auto: int8 (full-integer, calibrated), else float16, else float32, the first that passes the parity "
         "gate; or one format forced: int8 (for int8-only NPUs), float16, float32 or dynamic (int8 weights, float activations)",
     )
-    resize_method: str = Field("bilinear_antialias", description="bilinear_antialias (as image_features), bilinear or nearest")
+    resize_method: ResizeMethod = Field(
+        "bilinear_antialias", description="bilinear_antialias (as image_features), bilinear or nearest"
+    )
     # 1.0 is right because trained_model rescales its 0..255 input itself; 1/255 here is the classic
     # "normalised twice" edge bug the parity gate catches.
-    input_scale: float = Field(1.0, description="Factor on raw pixels before the network; 1.0: trained_model rescales itself")
+    input_scale: float = Field(
+        1.0, gt=0, description="Factor on raw pixels before the network; 1.0: trained_model rescales itself"
+    )
     representative_samples: int = Field(
         100,
         description="Calibration images for int8, from the representative split. Each passes through every test-time "
@@ -71,30 +77,20 @@ class ConversionSettings(BaseModel):
         "stem and first depthwise convolution; empty: full-integer (what int8-only accelerators need)",
     )
 
-    def model_post_init(self, context: Any) -> None:
-        if self.quantization not in (AUTO, *QUANTIZATIONS):
-            raise ValueError(f"quantization={self.quantization!r} is not one of {', '.join((AUTO, *QUANTIZATIONS))}")
-        if self.resize_method not in RESIZE_METHODS:
-            raise ValueError(f"resize_method={self.resize_method!r} is not one of {', '.join(RESIZE_METHODS)}")
-        if self.input_scale <= 0:
-            raise ValueError(f"input_scale must be positive, got {self.input_scale}")
+    @model_validator(mode="after")
+    def _int8_is_calibrated(self) -> ConversionSettings:
         if self.quantization in (AUTO, "int8") and self.representative_samples <= 0:
             raise ValueError("int8 quantisation needs representative_samples > 0")
+        return self
 
 
 class EdgeConversionConfig(ConversionSettings):
     """One conversion: the settings, one concrete format, and the raw size the device feeds."""
 
-    quantization: str = Field("int8", description="The one format this conversion makes (not auto)")
-    raw_height: int
-    raw_width: int
-
-    def model_post_init(self, context: Any) -> None:
-        super().model_post_init(context)
-        if self.quantization == AUTO:
-            raise ValueError("a conversion makes one format: choose it from the ladder (edge/ladder.py) first")
-        if self.raw_height <= 0 or self.raw_width <= 0:
-            raise ValueError(f"raw size must be positive, got {self.raw_height}x{self.raw_width}")
+    # one concrete format: the ladder (edge/ladder.py) chooses it from `auto` first
+    quantization: Quantization = Field("int8", description="The one format this conversion makes (not auto)")
+    raw_height: int = Field(gt=0)
+    raw_width: int = Field(gt=0)
 
 
 @dataclass(frozen=True)

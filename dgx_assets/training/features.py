@@ -69,7 +69,6 @@ def compute_features(rows: pd.DataFrame, config: FeatureConfig, device_label: st
     """Feature rows for a batch of valid raw_images rows (decode, convert, resize, statistics)."""
     if tf is None:
         import tensorflow as tf
-    config.check()
     if device_label is None:
         device_label = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     out = pd.DataFrame(
@@ -177,7 +176,6 @@ def build_image_features(
     from dgx_assets.spark.chunks import map_chunks, pack
     from dgx_assets.spark.table_writer import write_table_files
 
-    config.check()
     groups = plan_row_groups(raw)
     valid_rows = sum(group.valid_rows for group in groups)
     if not valid_rows:

@@ -34,7 +34,6 @@ def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> An
     """The feature extractor alone: a Keras model from preprocessed pixels to a feature map."""
     import keras
 
-    config.check()
     if config.backbone == SCRATCH:
         backbone = _mobilenet_small(input_shape, config.width)
         if config.weights_path:
@@ -54,7 +53,6 @@ def build_classifier(config: ModelConfig, input_shape: tuple[int, int, int], num
     """Uncompiled classifier: float32 pixels 0..255 in, softmax over ``num_classes`` out."""
     import keras
 
-    config.check()
     if num_classes < 2:
         raise ModelConfigError(f"need at least two classes to train a classifier, got {num_classes}")
     height, width, channels = input_shape

@@ -82,7 +82,6 @@ def train_and_track(
     """Train in an MLflow run, register the model and alias the new version ``candidate``. ``trainer`` trains
     (``train_classifier``'s signature; default ``train_classifier``, distributed.train_on_spark bound to a
     SparkSession for the spark distribution)."""
-    config.check()  # bad settings fail before anything is written anywhere
     check_tracking_uri(tracking.tracking_uri)
     index = scan_features(files)
     say = log or (lambda message: None)

@@ -81,7 +81,6 @@ def train_classifier(
     index: FeatureIndex | None = None,
 ) -> TrainingResult:
     """Train (or resume training) and evaluate on the test split."""
-    config.check()
     config = config.resolved()
     assert config.epochs is not None and config.class_weighting is not None  # resolved() fills the recipe fields
     index = index or scan_features(files)

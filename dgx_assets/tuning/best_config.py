@@ -41,4 +41,6 @@ def apply_best_config(lake: Any, train_config: Any) -> tuple[Any, dict[str, Any]
     missing = [key for key in SEARCHED_FIELDS if key not in values]
     if missing:
         raise ValueError(f"{uri} lacks {missing}: re-materialize hyperparameter_search")
-    return train_config.model_copy(update={key: values[key] for key in SEARCHED_FIELDS}), record
+    # validated like a launchpad value: the file is data, and a bad figure names its setting
+    searched = type(train_config).model_validate({**train_config.model_dump(), **{key: values[key] for key in SEARCHED_FIELDS}})
+    return searched, record

@@ -155,7 +155,6 @@ def run_search(spark: Any, data: HeadData, config: SearchConfig, log: Any = None
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    config.check()
     nodes = worker_nodes(spark, config)
     space = {
         "learning_rate": tune.loguniform(config.learning_rate_min, config.learning_rate_max),

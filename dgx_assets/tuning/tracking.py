@@ -64,7 +64,6 @@ def search_and_track(
     lineage: DagsterLineage,
     log: Any = None,
 ) -> TrackedSearch:
-    config.check()
     check_tracking_uri(tracking.tracking_uri)
     data = head_data(files)
     import mlflow

@@ -100,3 +100,24 @@ def test_the_apart_installed_packages_import_only_themselves_and_the_http_limits
 def test_no_product_module_is_over_the_line_budget():
     long = {module: n for module, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}
+
+
+def _base_names(node: ast.ClassDef) -> set[str]:
+    return {base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "") for base in node.bases}
+
+
+def test_settings_classes_carry_their_bounds_as_pydantic_constraints_not_check_methods():
+    classes = [
+        node for path in modules().values() for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+    ]
+    settings = {"BaseModel", "BaseSettings", "Config", "ConfigurableResource", "PermissiveConfig"}
+    while grown := {node.name for node in classes if _base_names(node) & settings} - settings:
+        settings |= grown  # a subclass of a settings class is one too (TrainConfig of ModelConfig)
+    hand_written = {
+        (node.name, item.name)
+        for node in classes
+        if node.name in settings
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name in ("check", "model_post_init")
+    }
+    assert len(settings) > 20 and hand_written == set()

@@ -75,7 +75,6 @@ def _featurise_batch(
     context: dg.AssetExecutionContext, batch: str, config: ImageFeaturesConfig, spark: SparkResource, lake: LakeResource
 ) -> BatchResult:
     from dgx_assets.spark.progress import spark_progress
-    from dgx_assets.training.config import FeatureConfigError
     from dgx_assets.training.features import FEATURE_SCHEMA, build_image_features
 
     store = lake.lake
@@ -83,10 +82,6 @@ def _featurise_batch(
     if not raw.uris:
         raise dg.Failure(f"the table raw_images holds no rows of batch {batch!r}: materialize raw_images for it first")
     feature_config = config.feature_config()
-    try:
-        feature_config.check()
-    except FeatureConfigError as error:
-        raise dg.Failure(str(error)) from error
 
     context.log.info(f"Featurising raw_images[{batch}] (snapshot {raw.snapshot_id}) into the table image_features")
     session = spark.spark_session

@@ -3,7 +3,7 @@
 import dagster as dg
 from pydantic import Field
 
-from dgx_assets.challenger.config import ChallengerConfig, ChallengerConfigError
+from dgx_assets.challenger.config import ChallengerConfig
 from dgx_assets.config_parts import part_of
 from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 from dgx_assets.metadata import number
@@ -52,10 +52,6 @@ def challenger_model(
     from dgx_assets.training.dataset import FeatureDataError, current_features
 
     challenger = config.challenger_config()
-    try:  # a wrong setting is told before Spark or the data are touched
-        challenger.check()
-    except ChallengerConfigError as error:
-        raise dg.Failure(str(error)) from error
     store = lake.lake
     try:
         files, partitions, features = current_features(store)
@@ -84,7 +80,7 @@ def challenger_model(
                 lineage,
                 log=context.log.info,
             )
-    except (ChallengerConfigError, TrackingConfigError, FeatureDataError) as error:
+    except (TrackingConfigError, FeatureDataError) as error:
         raise dg.Failure(str(error)) from error
     folder = write_challenger_outputs(store, tracked, tracking.tracking_uri)
     result, metrics = tracked.result, tracked.result.test.metrics

@@ -16,7 +16,7 @@ from dgx_assets.tracking.hardware import hardware_baseline
 from dgx_assets.tracking.lineage import DagsterLineage, dataset_digest, describe_files
 from dgx_assets.tracking.registry import CANDIDATE_ALIAS
 from dgx_assets.tracking.store import TrackingConfig, TrackingConfigError
-from dgx_assets.training.config import ModelConfigError, TrainConfig
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.dataset import make_dataset, scan_features
 from dgx_assets.training.outputs import INFO_FILE, MODEL_FILE, MODEL_INFO_KEYS, model_info, write_model_outputs
 from dgx_assets.training.tracking import train_and_track
@@ -197,19 +197,3 @@ def test_unusable_tracking_uri_fails_before_training_and_names_the_setting(featu
     with pytest.raises(TrackingConfigError, match="MLFLOW_TRACKING_URI"):
         train_and_track(feature_files, "file:///lake", TrainConfig(), tracking, str(tmp_path / "ckpt"))
     assert not (tmp_path / "ckpt").exists()  # nothing trained, nothing checkpointed
-
-
-def test_bad_model_setting_fails_before_any_mlflow_run(feature_files, tmp_path):
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    with pytest.raises(ModelConfigError, match="'backbone'"):
-        train_and_track(
-            feature_files,
-            "file:///lake",
-            TrainConfig(backbone="alexnet"),
-            TrackingConfig(tracking_uri=uri, experiment_name="bad"),
-            str(tmp_path),
-        )
-    client = MlflowClient(uri)
-    assert client.get_experiment_by_name("bad") is None

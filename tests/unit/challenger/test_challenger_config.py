@@ -3,8 +3,9 @@ name, and a wrong setting fails the run with a message that names it, before Spa
 
 import dagster as dg
 import pytest
+from pydantic import ValidationError
 
-from dgx_assets.challenger.config import ChallengerConfig, ChallengerConfigError
+from dgx_assets.challenger.config import ChallengerConfig
 from dgx_assets.defs.model.challenger import ChallengerModelConfig, challenger_model
 from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 
@@ -39,26 +40,36 @@ def test_the_dagster_config_is_the_challenger_config_plus_the_registry_name():
     ],
 )
 def test_a_wrong_setting_is_named(settings, named):
-    with pytest.raises(ChallengerConfigError, match=f"\\(setting '{named}'\\)"):
-        ChallengerConfig(**settings).check()
+    with pytest.raises(ValidationError, match=named):
+        ChallengerConfig(**settings)
 
 
 def test_the_defaults_pass():
-    ChallengerConfig().check()
+    assert ChallengerConfig().device == "auto"
 
 
-def test_a_wrong_setting_fails_the_run_naming_it_before_spark_starts(tmp_path):
-    result = dg.materialize(
+def _materialize(tmp_path, config: dict) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
         [challenger_model],
         resources={
             "spark": SparkResource(),
             "lake": LakeResource(root=str(tmp_path / "lake")),
             "mlflow": MlflowResource(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"),
         },
-        run_config=dg.RunConfig({"challenger_model": {"config": {"device": "tpu"}}}),
+        run_config=dg.RunConfig({"challenger_model": {"config": config}}),
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,
     )
+
+
+def test_a_wrong_choice_is_refused_with_the_run_config_and_a_wrong_bound_fails_the_step_naming_it(tmp_path):
+    # A choice is an enum in the launchpad: Dagster refuses the run before it starts.
+    with pytest.raises(dg.DagsterInvalidConfigError, match=r"config:device not in enum type"):
+        _materialize(tmp_path, {"device": "tpu"})
+    # A bound is checked when the step builds its config: before Spark or the data are touched.
+    result = _materialize(tmp_path, {"max_depth": 0})
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
-    assert "(setting 'device')" in failure.step_failure_data.error.message
+    assert "max_depth" in failure.step_failure_data.error.cause.message
+    assert "greater than or equal to 1" in failure.step_failure_data.error.cause.message
+    assert not (tmp_path / "lake").exists()
