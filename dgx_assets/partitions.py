@@ -4,6 +4,8 @@ from typing import NamedTuple
 
 import dagster as dg
 
+from dgx_assets.metadata import table
+
 # One partition per top-level batch folder of the landing zone; the new-data sensor adds them.
 IMAGE_BATCHES = "image_batches"
 image_batches = dg.DynamicPartitionsDefinition(name=IMAGE_BATCHES)
@@ -43,18 +45,10 @@ def materialize_batches(
         context.log_event(dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=result.metadata))
         rows.append({"batch": key, **summary(key, result)})
     columns = list(rows[0])
-    table = (
-        "| "
-        + " | ".join(columns)
-        + " |\n|"
-        + "---|" * len(columns)
-        + "\n"
-        + "".join("| " + " | ".join(str(row[c]) for c in columns) + " |\n" for row in rows)
-    )
     return dg.MaterializeResult(
         metadata={
             "batches_in_run": len(keys),
-            "batches": dg.MetadataValue.md(table),
+            "batches": table(columns, [[row[c] for c in columns] for row in rows]),
             PER_BATCH: dg.MetadataValue.json({row["batch"]: row for row in rows}),
         }
     )
