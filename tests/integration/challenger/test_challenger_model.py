@@ -84,4 +84,5 @@ def test_bad_settings_are_refused_before_training(stores, spark_resource):
     write_embedding_features(lake, batches=1)
     result = _materialize(lake, tracking_uri, spark_resource, {"learning_rate": 0.0})
     assert not result.success
-    assert "setting 'learning_rate'" in result.failure_data_for_node("challenger_model").error.message
+    cause = result.failure_data_for_node("challenger_model").error.cause
+    assert cause is not None and "learning_rate" in cause.message and "greater than 0" in cause.message

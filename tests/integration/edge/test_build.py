@@ -42,10 +42,10 @@ def test_most_common_size_is_the_raw_size_convention():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"quantization": "int4"}, "quantization='int4'"),
-        ({"resize_method": "lanczos"}, "resize_method='lanczos'"),
-        ({"raw_height": 0}, "raw size must be positive"),
-        ({"input_scale": 0}, "input_scale must be positive"),
+        ({"quantization": "int4"}, r"quantization\n  Input should be 'int8', 'float16', 'float32' or 'dynamic'"),
+        ({"resize_method": "lanczos"}, r"resize_method\n  Input should be 'bilinear_antialias'"),
+        ({"raw_height": 0}, r"raw_height\n  Input should be greater than 0"),
+        ({"input_scale": 0}, r"input_scale\n  Input should be greater than 0"),
     ],
 )
 def test_bad_conversion_settings_name_the_setting(options, message):
