@@ -13,6 +13,7 @@ runs the same code as the serving process:
 - ``refuse_ambiguous_framing``: Content-Length and Transfer-Encoding together refused (RFC 9112 6.3);
 - ``BodyGuard``: closes a connection whose reply went out before its body was read, and reports each
   request's status and time;
+- ``GuardedServer``: such an app bound to its socket, run until a signal or ``shutdown()``;
 - ``EscapingFormatter``: control characters never reach a log line raw.
 """
 
@@ -29,7 +30,7 @@ import time
 import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import h11
 import uvicorn
@@ -340,6 +341,46 @@ def raise_open_file_limit(wanted: int) -> None:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and soft < wanted:
         log.warning("open file limit %s is below %s: connections past it are refused by the kernel, not answered", soft, wanted)
+
+
+class GuardedServer:
+    """A guarded app bound and ready: `server_address` holds (host, port); `serve_forever()` runs until SIGINT or
+    SIGTERM (on the main thread) or `shutdown()`; a context manager that closes the socket."""
+
+    def __init__(
+        self,
+        app,
+        protocol: type[H11Protocol],
+        host: str,
+        port: int,
+        *,
+        max_connections: int,
+        keep_alive_s: float,
+        graceful_s: float,
+        backlog: int,
+    ):
+        raise_open_file_limit(max_connections + 64)
+        self.socket = listen(host, port, backlog=backlog)
+        self.server_address = self.socket.getsockname()[:2]
+        self.uvicorn = uvicorn.Server(uvicorn_config(app, protocol, keep_alive_s, graceful_s))
+
+    def serve_forever(self) -> None:
+        try:
+            self.uvicorn.run(sockets=[self.socket])
+        finally:
+            self.close()
+
+    def shutdown(self) -> None:
+        self.uvicorn.should_exit = True
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
 
 
 # --- logging ---------------------------------------------------------------------------------------------

@@ -32,10 +32,8 @@ import mimetypes
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import uvicorn
 from starlette.responses import Response
 
 from dgx_assets import http_limits
@@ -239,36 +237,21 @@ def _refusal(status: int, message: str) -> tuple[bytes, dict[str, str]]:
     return json.dumps({"error": message, "status": status}).encode(), {"x-content-type-options": "nosniff"}
 
 
-class DocsServer:
-    """The bound server: `server_address` holds (host, port); `serve_forever()` runs until SIGINT or SIGTERM
-    (on the main thread) or `shutdown()`; a context manager that closes the socket."""
+class DocsServer(http_limits.GuardedServer):
+    """The docs server bound to its socket (http_limits.GuardedServer)."""
 
     def __init__(self, host: str, port: int, served: dict, limits: DocsLimits):
         connection = http_limits.ConnectionLimits(limits.max_connections, limits.header_timeout_s)
-        protocol = http_limits.guarded_protocol(connection, _refusal)
-        http_limits.raise_open_file_limit(limits.max_connections + 64)
-        self.socket = http_limits.listen(host, port, backlog=128)
-        self.server_address = self.socket.getsockname()[:2]
-        config = http_limits.uvicorn_config(DocsApp(served), protocol, limits.keep_alive_s, graceful_s=2)
-        self.uvicorn = uvicorn.Server(config)
-
-    def serve_forever(self) -> None:
-        try:
-            self.uvicorn.run(sockets=[self.socket])
-        finally:
-            self.close()
-
-    def shutdown(self) -> None:
-        self.uvicorn.should_exit = True
-
-    def close(self) -> None:
-        self.socket.close()
-
-    def __enter__(self) -> DocsServer:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
+        super().__init__(
+            DocsApp(served),
+            http_limits.guarded_protocol(connection, _refusal),
+            host,
+            port,
+            max_connections=limits.max_connections,
+            keep_alive_s=limits.keep_alive_s,
+            graceful_s=2,
+            backlog=128,
+        )
 
 
 def serve(host: str, port: int, served: dict | None = None, limits: DocsLimits | None = None) -> DocsServer:

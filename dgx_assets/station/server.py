@@ -29,7 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -182,30 +181,25 @@ class EdgeApp:
         return _error(500, f"internal error: {type(exc).__name__}")
 
 
-class EdgeServer:
-    """A bound server: `server_address` holds the port (0 picks one); `serve_forever()` runs until SIGINT or
-    SIGTERM (on the main thread) or `shutdown()`."""
+class EdgeServer(http_limits.GuardedServer):
+    """The station's server bound to its socket (http_limits.GuardedServer; port 0 picks one)."""
 
     def __init__(self, classifier: EdgeClassifier, host: str, port: int, limits: EdgeServerLimits):
         self.app = EdgeApp(classifier, limits)
         connection = http_limits.ConnectionLimits(limits.max_connections, limits.socket_timeout_s)
-        protocol = http_limits.guarded_protocol(connection, lambda status, message: (error_body(status, message), {}))
-        http_limits.raise_open_file_limit(limits.max_connections + 64)
-        self.socket = http_limits.listen(host, port, backlog=256)
-        self.server_address = self.socket.getsockname()[:2]
-        self.uvicorn = uvicorn.Server(http_limits.uvicorn_config(self.app, protocol, limits.keep_alive_s, graceful_s=5))
-
-    def serve_forever(self) -> None:
-        try:
-            self.uvicorn.run(sockets=[self.socket])
-        finally:
-            self.close()
-
-    def shutdown(self) -> None:
-        self.uvicorn.should_exit = True
+        super().__init__(
+            self.app,
+            http_limits.guarded_protocol(connection, lambda status, message: (error_body(status, message), {})),
+            host,
+            port,
+            max_connections=limits.max_connections,
+            keep_alive_s=limits.keep_alive_s,
+            graceful_s=5,
+            backlog=256,
+        )
 
     def close(self) -> None:
-        self.socket.close()
+        super().close()
         self.app.worker.shutdown(wait=False, cancel_futures=True)
 
 
