@@ -5,6 +5,7 @@ from pydantic import Field
 
 from dgx_assets.challenger.config import ChallengerConfig
 from dgx_assets.config_parts import part_of
+from dgx_assets.defs.model.inputs import current_feature_input
 from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 from dgx_assets.metadata import number
 
@@ -47,24 +48,13 @@ def challenger_model(
         write_challenger_outputs,
     )
     from dgx_assets.spark.progress import spark_progress
-    from dgx_assets.tracking.lineage import DagsterLineage
     from dgx_assets.tracking.store import TrackingConfigError
-    from dgx_assets.training.dataset import FeatureDataError, current_features
+    from dgx_assets.training.dataset import FeatureDataError
 
     challenger = config.challenger_config()
     store = lake.lake
-    try:
-        files, partitions, features = current_features(store)
-    except FeatureDataError as error:
-        raise dg.Failure(str(error)) from error
+    files, partitions, features, lineage = current_feature_input(context, store, CHALLENGER_CODE_VERSION)
     tracking = mlflow.tracking_config(config.registered_model_name)
-    lineage = DagsterLineage(
-        run_id=context.run_id,
-        asset_key=context.asset_key.to_user_string(),
-        partition_keys=tuple(partitions),
-        code_version=CHALLENGER_CODE_VERSION,
-        job_name=context.job_name,
-    )
     features_table = store.tables.table("image_features")
     assert features_table is not None  # current_features found its files
     session = spark.spark_session

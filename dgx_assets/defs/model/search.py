@@ -3,11 +3,13 @@
 import dagster as dg
 
 from dgx_assets.config_parts import part_of
+from dgx_assets.defs.model.inputs import current_feature_input
 from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 from dgx_assets.tuning.config import SearchConfig, SearchConfigError
 
 # Assets with this tag are left out of `make demo` (they need an extra or take long); materialize them by hand.
 OPTIONAL_TAG = {"dgx/optional": "true"}
+SEARCH_CODE_VERSION = "1"
 
 
 class HyperparameterSearchConfig(dg.Config, SearchConfig):
@@ -24,7 +26,7 @@ class HyperparameterSearchConfig(dg.Config, SearchConfig):
     kinds={"spark", "ray", "mlflow"},
     owners=["team:ml-platform"],
     tags=OPTIONAL_TAG,
-    code_version="1",
+    code_version=SEARCH_CODE_VERSION,
     description=(
         "Optional (the `ray` extra): starts a Ray cluster on the run's Spark executors (ray.util.spark), runs Ray "
         "Tune with ASHA early stopping over the classifier head's learning rate, dropout and batch size (each trial "
@@ -45,24 +47,13 @@ def hyperparameter_search(
         import ray  # noqa: F401
     except ImportError as error:
         raise dg.Failure("hyperparameter_search needs Ray: pip install 'dgx_assets[ray]' (ray[tune])") from error
-    from dgx_assets.tracking.lineage import DagsterLineage
     from dgx_assets.tracking.store import TrackingConfigError
-    from dgx_assets.training.dataset import FeatureDataError, current_features
+    from dgx_assets.training.dataset import FeatureDataError
     from dgx_assets.tuning.tracking import search_and_track
 
     store = lake.lake
-    try:
-        files, partitions, _ = current_features(store)
-    except FeatureDataError as error:
-        raise dg.Failure(str(error)) from error
+    files, partitions, _, lineage = current_feature_input(context, store, SEARCH_CODE_VERSION)
     tracking = mlflow.tracking_config()
-    lineage = DagsterLineage(
-        run_id=context.run_id,
-        asset_key=context.asset_key.to_user_string(),
-        partition_keys=tuple(partitions),
-        code_version="1",
-        job_name=context.job_name,
-    )
     try:
         tracked = search_and_track(spark.spark_session, files, store, search, tracking, lineage, log=context.log.info)
     except (SearchConfigError, TrackingConfigError, FeatureDataError) as error:

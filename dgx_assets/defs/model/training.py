@@ -12,6 +12,7 @@ from pydantic import Field
 from dgx_assets import metadata
 from dgx_assets.config_parts import part_of
 from dgx_assets.defs.model.checks import MODEL_GATE_CHECK, ModelGateSettings, model_gate_result
+from dgx_assets.defs.model.inputs import current_feature_input
 from dgx_assets.defs.resources import LakeResource, MlflowResource, SparkResource
 from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.training.config import TrainConfig, human_epoch
@@ -71,23 +72,13 @@ def trained_model(
 
     from dgx_assets import settings
     from dgx_assets.training.config import ModelConfigError
-    from dgx_assets.training.dataset import FeatureDataError, current_features
+    from dgx_assets.training.dataset import FeatureDataError
     from dgx_assets.training.outputs import model_info, write_model_outputs
-    from dgx_assets.training.tracking import DagsterLineage, TrackingConfigError, train_and_track
+    from dgx_assets.training.tracking import TrackingConfigError, train_and_track
 
     store = lake.lake
-    try:
-        files, partitions, _ = current_features(store)
-    except FeatureDataError as error:
-        raise dg.Failure(str(error)) from error
+    files, partitions, _, lineage = current_feature_input(context, store, TRAINED_MODEL_CODE_VERSION)
     tracking = mlflow.tracking_config()
-    lineage = DagsterLineage(
-        run_id=context.run_id,
-        asset_key=context.asset_key.to_user_string(),
-        partition_keys=tuple(partitions),
-        code_version=TRAINED_MODEL_CODE_VERSION,
-        job_name=context.job_name,
-    )
     checkpoints = config.checkpoint_dir or str(Path(settings.environment().state_dir) / "checkpoints" / "trained_model")
     context.log.info(f"Training on {len(files.paths)} files of image_features {partitions} (snapshot {files.snapshot_id})")
     distribution, trainer = _trainer_for(context, config, spark)
