@@ -5,7 +5,7 @@ statistics and failing examples go into the check's metadata, and GE's data docs
 """
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dagster as dg
@@ -99,6 +99,25 @@ def _each_batch(context: dg.AssetCheckExecutionContext, evaluate) -> dg.AssetChe
     )
 
 
+def _warn_each_batch(
+    context: dg.AssetCheckExecutionContext,
+    spark: SparkResource,
+    lake: LakeResource,
+    suite: str,
+    expectations: Callable[[], list],
+    valid_only: bool = False,
+) -> dg.AssetCheckResult:
+    """A warning suite over each batch of the run; `expectations()` builds fresh ones for each batch's suite (a GE
+    expectation belongs to one suite)."""
+    return _each_batch(
+        context,
+        lambda batch: _result(
+            _batch_suite(context, batch, spark, lake, suite, expectations(), valid_only=valid_only),
+            severity=dg.AssetCheckSeverity.WARN,
+        ),
+    )
+
+
 # Blocks everything downstream when too few files of a batch are usable images.
 @dg.asset_check(
     asset=raw_images,
@@ -150,20 +169,14 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
 def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
+    def expectations():
         return [
             gx.expectations.ExpectColumnValuesToBeBetween(column="width", min_value=config.min_side, max_value=config.max_side),  # pyright: ignore[reportPrivateImportUsage]
             gx.expectations.ExpectColumnValuesToBeBetween(column="height", min_value=config.min_side, max_value=config.max_side),  # pyright: ignore[reportPrivateImportUsage]
             gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),  # pyright: ignore[reportPrivateImportUsage]
         ]
 
-    return _each_batch(
-        context,
-        lambda batch: _result(
-            _batch_suite(context, batch, spark, lake, "raw_images_bounds", expectations(), valid_only=True),
-            severity=dg.AssetCheckSeverity.WARN,
-        ),
-    )
+    return _warn_each_batch(context, spark, lake, "raw_images_bounds", expectations, valid_only=True)
 
 
 # Warns when files carry a label folder the classifier does not know.
@@ -175,18 +188,13 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
 def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    def expectations():  # a GE expectation belongs to one suite: new ones for each batch's suite
+    def expectations():
         return [
             gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),  # pyright: ignore[reportPrivateImportUsage]
             gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),  # pyright: ignore[reportPrivateImportUsage]
         ]
 
-    return _each_batch(
-        context,
-        lambda batch: _result(
-            _batch_suite(context, batch, spark, lake, "raw_images_labels", expectations()), severity=dg.AssetCheckSeverity.WARN
-        ),
-    )
+    return _warn_each_batch(context, spark, lake, "raw_images_labels", expectations)
 
 
 # Warns when the same image bytes arrive twice in one batch (they would be counted twice in training and evaluation).
@@ -198,21 +206,10 @@ def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig
 def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
-    return _each_batch(
-        context,
-        lambda batch: _result(
-            _batch_suite(
-                context,
-                batch,
-                spark,
-                lake,
-                "raw_images_duplicates",
-                [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")],  # pyright: ignore[reportPrivateImportUsage]
-                valid_only=True,
-            ),
-            severity=dg.AssetCheckSeverity.WARN,
-        ),
-    )
+    def expectations():
+        return [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")]  # pyright: ignore[reportPrivateImportUsage]
+
+    return _warn_each_batch(context, spark, lake, "raw_images_duplicates", expectations, valid_only=True)
 
 
 raw_image_checks = [valid_image_share, image_bounds, labels_expected, no_duplicate_content]
