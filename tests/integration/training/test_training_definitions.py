@@ -196,9 +196,10 @@ def test_bad_training_settings_are_refused_naming_the_setting(platform, trained)
     instance, resources, root = platform
 
     def materialize(**settings):
-        config = _training_config(root, **settings)
-        run_config = {"ops": {"trained_model": {"config": config}}}
-        return dg.materialize([trained_model], instance=instance, resources=resources, raise_on_error=False, run_config=run_config)
+        run_config = {"ops": {"trained_model": {"config": _training_config(root, **settings)}}}
+        return dg.materialize(
+            [trained_model], instance=instance, resources=resources, raise_on_error=False, run_config=run_config
+        )
 
     with pytest.raises(dg.DagsterInvalidConfigError, match=r"config:backbone not in enum type.*got vgg99"):
         materialize(backbone="vgg99")
