@@ -10,7 +10,8 @@ import pytest
 from support.lake_tables import commit_rows, read_rows
 
 from dgx_assets import cli, settings
-from dgx_assets.lake.maintenance import expire_snapshots, maintain, migrate, remove_orphan_files
+from dgx_assets.lake.maintenance import expire_snapshots, maintain, remove_orphan_files
+from dgx_assets.lake.migration import migrate
 from dgx_assets.lake.store import Lake
 from dgx_assets.lake.tables import LegacyLayoutError, catalog_properties
 
