@@ -327,10 +327,13 @@ def _walk(mapping: Any, pattern: str, written: str, keys: dict, found: dict, pat
 
 
 def build_config(config_file: str | None = None, **overrides: Any) -> ServingConfig:
-    """Defaults <- config file <- explicit overrides (flags, by field name; None means 'not given')."""
+    """Defaults <- config file <- explicit overrides (flags, by field name; None means 'not given'). The file is
+    validated whole on its own first: a flag overriding a bad value does not make the file good."""
     from dgx_assets.flags import flag_name
 
     given = _read_file(config_file) if config_file else {}
+    if given:
+        _validated(given)
     fields = ServingConfig.model_fields
     for name, value in overrides.items():
         if value is not None:

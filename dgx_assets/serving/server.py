@@ -29,6 +29,7 @@ from dgx_assets import http_limits
 from dgx_assets.serving import protocol
 from dgx_assets.serving.app import ModelHolder, ServingApp
 from dgx_assets.serving.config import DEFAULT_ENGINE, ServingConfig
+from dgx_assets.serving.engine import find_model
 from dgx_assets.serving.metrics import Metrics
 from dgx_assets.serving.protocol import ApiError
 
@@ -105,9 +106,15 @@ def serve(config: ServingConfig, port_file: str | None = None, engine_factory=No
         if not token:
             log.error("token_env=%s is set but that environment variable is empty", config.token_env)
             return 2
-    if config.model_dir is None and engine_factory is None and config.engine == DEFAULT_ENGINE:
-        log.error("no model: pass --model-dir or set op.<service>.local_service_conf.model_config")
-        return 2
+    if engine_factory is None and config.engine == DEFAULT_ENGINE:
+        if config.model_dir is None:
+            log.error("no model: pass --model-dir or set op.<service>.local_service_conf.model_config")
+            return 2
+        try:  # a folder without a model is refused now, not reported later as a server that cannot load
+            find_model(config.model_dir)
+        except (OSError, ValueError) as error:
+            log.error("no model in %s: %s", config.model_dir, error)
+            return 2
     if config.host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning("listening on %s without a bearer token: anyone who can reach this port can use the GPU", config.host)
     metrics = Metrics()

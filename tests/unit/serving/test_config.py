@@ -165,3 +165,19 @@ def test_flags_are_derived_from_the_settings_model_and_obey_the_same_bounds(caps
         build_config(None, concurrency=0)
     with pytest.raises(ConfigError, match=r"--header-timeout-s: Input should be a finite number"):
         build_config(None, header_timeout_s=float("inf"))
+
+
+def test_a_bad_file_value_is_refused_even_where_a_flag_overrides_it(tmp_path):
+    path = tmp_path / "config.yml"
+    path.write_text("http_port: .inf\n")
+    with pytest.raises(ConfigError, match=r"http_port: Input should be a valid integer"):
+        build_config(str(path), port=0)
+
+
+def test_serve_refuses_a_model_dir_that_holds_no_model(tmp_path, caplog):
+    from dgx_assets.serving.server import serve
+
+    (tmp_path / "notes.txt").write_text("not a model")
+    with caplog.at_level("ERROR", logger="dgx_assets.serving"):
+        assert serve(build_config(None, model_dir=str(tmp_path), port=0)) == 2
+    assert f"no model in {tmp_path}" in caplog.text and "build-generator" in caplog.text
