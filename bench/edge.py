@@ -21,9 +21,9 @@ Goals: TFLite size <= 0.3 x the .keras file, CPU latency per image <= 0.5 x Kera
 parity gate's aggregate criteria: accuracy within one point of Keras's and at most 2 % negative flips (images
 Keras gets right and the edge model wrong). The format is the one the ladder ships (`quantization: auto`: int8,
 else float16, else float32); top-1 agreement is reported, not judged. Both sides run on the same test images
-(checked); latency is re-measured `repeats` times. Last, the edge runtime's peak memory over one request at its
-pixel budget (`edge-run --serve` in a process of its own, a 16-bit grey PNG, the costliest decode per budget
-pixel) against the memory limit the KubeEdge manifest gives the pod.
+(checked); latency is re-measured `repeats` times. Last, the edge runtime's peak memory over the worst accepted
+request of each format it takes (`edge-run --serve` in a fresh process each: 16-bit grey PNG and TIFF, 24-bit BMP
+and JPEG, each filling the pixel budget) against the memory limit the KubeEdge manifest gives the pod.
 """
 
 from __future__ import annotations
@@ -244,23 +244,40 @@ def like_for_like(model, edge_model: bytes, data, threads: int | None, count: in
     return out
 
 
-def request_peak_memory_mib(model_dir: Path) -> float:
-    """VmHWM of a fresh `edge-run --serve` after one 16-bit grey request at the default pixel budget."""
+# The costliest accepted request of each camera format the station takes: its largest decoded image inside the
+# pixel budget (which counts bytes), in the mode of most bytes a pixel the format carries.
+WORST_REQUEST_MODES = {"PNG": "I;16", "TIFF": "I;16", "BMP": "RGB", "JPEG": "RGB"}
+
+
+def worst_request(image_format: str, mode: str) -> bytes:
+    """Noise (no compression helps it) filling the default pixel budget in `mode`, encoded as `image_format`."""
     import io
-    import urllib.request
 
     from PIL import Image
 
-    from dgx_assets.station.runtime import DEFAULT_MAX_PIXELS
+    from dgx_assets.station.runtime import DEFAULT_MAX_PIXELS, bytes_per_pixel
 
-    side = int((DEFAULT_MAX_PIXELS // 2) ** 0.5)  # 2 bytes a pixel
-    png = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 65535, (side, side), dtype=np.uint16)).save(png, format="PNG")
+    side = int((DEFAULT_MAX_PIXELS // bytes_per_pixel(mode)) ** 0.5)
+    rng = np.random.default_rng(0)
+    pixels = (
+        rng.integers(0, 65535, (side, side), dtype=np.uint16)
+        if mode == "I;16"
+        else rng.integers(0, 255, (side, side, 3), dtype=np.uint8)
+    )
+    encoded = io.BytesIO()
+    Image.fromarray(pixels).save(encoded, format=image_format)
+    return encoded.getvalue()
+
+
+def request_peak_memory_mib(model_dir: Path, body: bytes) -> float:
+    """VmHWM of a fresh `edge-run --serve` after one request: a process per request, so no peak hides another."""
+    import urllib.request
+
     command = [sys.executable, "-m", "dgx_assets", "edge-run", "--model-dir", str(model_dir), "--serve", "--port", "0"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, text=True)
     try:
         url = server.stdout.readline().split(" on ", 1)[1].split()[0]  # "edge-run: serving DIR on http://HOST:PORT (...)"
-        with urllib.request.urlopen(urllib.request.Request(url + "/v1/classify", data=png.getvalue()), timeout=120) as reply:
+        with urllib.request.urlopen(urllib.request.Request(url + "/v1/classify", data=body), timeout=120) as reply:
             check(reply.status == 200, "the request at the pixel budget must be classified")
         with urllib.request.urlopen(url + "/healthz", timeout=30) as reply:
             return json.loads(reply.read())["peak_rss_bytes"] / 2**20
@@ -271,10 +288,16 @@ def request_peak_memory_mib(model_dir: Path) -> float:
 
 def report_request_peak_memory(report: Report, model_dir: Path) -> None:
     from dgx_assets.fleet.kubeedge import edge_deployment
+    from dgx_assets.station.runtime import DEFAULT_FORMATS
 
+    check(set(WORST_REQUEST_MODES) == set(DEFAULT_FORMATS), f"a worst request for each of {DEFAULT_FORMATS}")
     [container] = edge_deployment("m", "1")["spec"]["template"]["spec"]["containers"]
     pod_limit_mib = float(container["resources"]["limits"]["memory"].removesuffix("Mi"))
-    report.result("edge_request_peak_mib", request_peak_memory_mib(model_dir), "<=", pod_limit_mib)
+    for image_format, mode in WORST_REQUEST_MODES.items():
+        body = worst_request(image_format, mode)
+        print(f"edge runtime, worst {image_format} request: {mode}, {len(body) / 2**20:.1f} MiB")
+        peak = request_peak_memory_mib(model_dir, body)
+        report.result(f"edge_request_peak_mib_{image_format.lower()}", peak, "<=", pod_limit_mib)
 
 
 def run(report: Report, args) -> None:
