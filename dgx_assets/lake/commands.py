@@ -215,8 +215,7 @@ def register(commands) -> None:
 
     snapshots = actions.add_parser("snapshots", help="list the tables and their snapshots")
     snapshots.add_argument("table", nargs="?")
-    snapshots.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
-    snapshots.set_defaults(handler=_guarded(_snapshots))
+    snapshots.set_defaults(handler=_snapshots)
 
     export = actions.add_parser("export", help="write the rows of one snapshot to a Parquet file (time travel)")
     export.add_argument("table", nargs="?", help="raw_images, image_features or ernie_generated_images")
@@ -224,24 +223,25 @@ def register(commands) -> None:
     export.add_argument("--mlflow-run", help="take table and snapshot from a training run's tags (dgx.table, dgx.snapshot_id)")
     export.add_argument("--columns", help="comma-separated columns (default: all)")
     export.add_argument("--out", required=True, help="the Parquet file to write")
-    export.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
-    export.set_defaults(handler=_guarded(_export))
+    export.set_defaults(handler=_export)
 
     maintain = actions.add_parser("maintain", help="expire old snapshots, then delete the files no snapshot references")
     maintain.add_argument("--expire-older-than-days", type=float, default=EXPIRE_OLDER_THAN.days)
     maintain.add_argument("--retain-last", type=int, default=RETAIN_LAST)
     maintain.add_argument("--orphan-older-than-days", type=float, default=ORPHAN_OLDER_THAN.days)
     maintain.add_argument("--dry-run", action="store_true", help="list the orphan files, delete and expire nothing")
-    maintain.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
-    maintain.set_defaults(handler=_guarded(_maintain))
+    maintain.set_defaults(handler=_maintain)
 
     migrate = actions.add_parser("migrate", help="convert tables of the folder layout of before Iceberg, batch by batch")
-    migrate.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
-    migrate.set_defaults(handler=_guarded(_migrate))
+    migrate.set_defaults(handler=_migrate)
 
     registering = actions.add_parser(
         "register", help="put the warehouse's tables an emptied catalog lost back into it, from their newest metadata file"
     )
     registering.add_argument("tables", nargs="*", help="the tables (default: every one the catalog does not know)")
-    registering.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
-    registering.set_defaults(handler=_guarded(_register))
+    registering.set_defaults(handler=_register)
+
+    # Every action takes --verbose after it too, and answers an error in one line without it.
+    for parser in (snapshots, export, maintain, migrate, registering):
+        parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose)
+        parser.set_defaults(handler=_guarded(parser.get_default("handler")))
