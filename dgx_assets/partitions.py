@@ -60,3 +60,25 @@ def batch_metadata(metadata: Mapping, batch: str, key: str):
         return metadata[key].value
     per_batch = metadata.get(PER_BATCH)
     return per_batch.value.get(batch, {}).get(key) if per_batch is not None else None
+
+
+def check_each_batch(
+    context: dg.AssetCheckExecutionContext, evaluate: Callable[[str], dg.AssetCheckResult]
+) -> dg.AssetCheckResult:
+    """The check over every batch of the run: one in a sensor or UI run, up to MAX_BATCHES_PER_RUN in a backfill
+    run (the batch backfill policy). Several batches give one result that fails when any batch fails and
+    names each failing batch with its own what-to-fix text."""
+    results = {batch: evaluate(batch) for batch in context.partition_keys}
+    if len(results) == 1:
+        return next(iter(results.values()))
+    failed = [batch for batch, result in results.items() if not result.passed]
+    return dg.AssetCheckResult(
+        passed=not failed,
+        severity=next(iter(results.values())).severity,
+        description=" ".join(f"[{batch}] {results[batch].description}" for batch in failed) or f"all {len(results)} batches pass",
+        metadata={
+            "batches": dg.MetadataValue.json(
+                {batch: {"passed": result.passed, "description": result.description} for batch, result in results.items()}
+            )
+        },
+    )

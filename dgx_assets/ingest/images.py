@@ -29,7 +29,6 @@ DECODE_ERROR = "decode_error"
 UNSUPPORTED = "unsupported"
 TOO_LARGE = "too_large"
 ZERO_SIZE = "zero_size"
-UNLABELLED = "unlabelled"
 UNREADABLE = "unreadable"  # listed, then gone or forbidden when its worker came to read it
 # Entries the landing listing refuses (landing.py): recorded with these statuses, never opened.
 SYMLINK = "symlink"
@@ -46,12 +45,14 @@ STATUSES = (
     UNSUPPORTED,
     TOO_LARGE,
     ZERO_SIZE,
-    UNLABELLED,
     UNREADABLE,
     *REFUSED_STATUSES,
 )
 
 SPLITS = ("train", "validation", "test")
+# The split of a production image (a file directly in its batch folder, no label folder): kept, featurised and
+# scored, never trained, validated or tested on.
+UNLABELLED = "unlabelled"
 
 
 class ValidationLimits(BaseModel):
@@ -205,6 +206,13 @@ def split_for(sha256: str, validation: float = 0.15, test: float = 0.15) -> str:
     if bucket < test + validation:
         return "validation"
     return "train"
+
+
+def split_of(sha256: str, label: str | None, settings: IngestSettings) -> str:
+    """A labelled image's stable split, or `unlabelled` for a production image (no label folder)."""
+    if label is None:
+        return UNLABELLED
+    return split_for(sha256, settings.validation_share, settings.test_share)
 
 
 def label_from_path(path: str, batch_path: str) -> str | None:

@@ -178,15 +178,13 @@ def file_row(fs: pafs.FileSystem, file: ListedFile, batch_path: str, settings: i
         # Spark retries it.
         return row | {"status": images.UNREADABLE, "reason": f"could not read the file: {type(error).__name__}: {error}"}
     verdict = images.inspect_image(data, path, settings)
-    if verdict.status == images.VALID and row["label"] is None:
-        verdict.status, verdict.reason = images.UNLABELLED, "the file is not inside a label folder"
     digest = images.sha256_hex(data)
     return (
         row
         | verdict.as_dict()
         | {
             "sha256": digest,
-            "split": images.split_for(digest, settings.validation_share, settings.test_share),
+            "split": images.split_of(digest, row["label"], settings),
             "content": data if verdict.status == images.VALID else None,
         }
     )

@@ -31,6 +31,7 @@ def summarize(table) -> dict:
         "quarantined": {status: count for status, count in sorted(statuses.items()) if status != images.VALID},
         "bytes": sum(row["size_bytes"] or 0 for row in rows),
         "valid_bytes": sum(row["size_bytes"] or 0 for row in valid),
-        "labels": dict(sorted(Counter(row["label"] or "(none)" for row in valid).items())),
+        "labels": dict(sorted(Counter(row["label"] for row in valid if row["label"] is not None).items())),
+        "production_images": sum(1 for row in valid if row["label"] is None),
         "splits": dict(sorted(Counter(row["split"] for row in valid).items())),
     }

@@ -96,7 +96,8 @@ def scan_features(files: FeatureFiles) -> FeatureIndex:
     for label, split, good in zip(labels, splits, ok):
         if good and split in counts:
             counts[split][label] += 1
-    class_names = tuple(sorted({label for label, good in zip(labels, ok) if good}))
+    # Production images (split `unlabelled`, no label) are scored, never learnt from: they name no class.
+    class_names = tuple(sorted({label for label, split, good in zip(labels, splits, ok) if good and split in counts}))
     height, width, channels = shapes.pop()
     index = FeatureIndex(
         class_names=class_names,

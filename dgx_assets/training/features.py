@@ -41,7 +41,7 @@ FEATURE_SCHEMA = pa.schema(
         ("path", pa.string()),
         ("batch", pa.string()),  # the landing batch (partition)
         ("label", pa.string()),
-        ("split", pa.string()),  # train / validation / test
+        ("split", pa.string()),  # train / validation / test, or unlabelled (a production image)
         ("source_width", pa.int32()),
         ("source_height", pa.int32()),
         ("tensor", pa.binary()),  # uint8 bytes, row-major (height, width, channels)
@@ -76,7 +76,7 @@ def compute_features(rows: pd.DataFrame, config: FeatureConfig, device_label: st
             "sha256": rows["sha256"].astype(str),
             "path": rows["path"].astype(str),
             "batch": rows["batch"].astype(str),
-            "label": rows["label"].astype(str),
+            "label": rows["label"].astype(object),  # None for a production image: no label is not the label "None"
             "split": rows["split"].astype(str),
             "source_width": rows["width"].astype("Int32"),
             "source_height": rows["height"].astype("Int32"),

@@ -103,6 +103,7 @@ def _ingest_batch(
             "quarantined": metadata.counts(summary["quarantined"], "status", "files"),
             "size": metadata.human_size(summary["bytes"]),
             "label_counts": metadata.counts(summary["labels"], "label", "valid images"),
+            "production_images": summary["production_images"],  # valid, without a label folder: scored, never trained on
             "split_counts": metadata.counts(summary["splits"], "split", "valid images"),
             "preview": dg.MetadataValue.md(preview.to_pandas().to_markdown(index=False)),
             **metadata.table_snapshot(store, tables.TABLE, snapshot_id),

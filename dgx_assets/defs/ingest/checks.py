@@ -15,7 +15,7 @@ from dgx_assets.defs.ingest.assets import raw_images
 from dgx_assets.defs.resources import LakeResource, SparkResource
 from dgx_assets.ingest import images
 from dgx_assets.metadata import to_fix
-from dgx_assets.partitions import image_batches
+from dgx_assets.partitions import check_each_batch, image_batches
 from dgx_assets.quality.expectations import SuiteOutcome, run_suite
 
 
@@ -33,9 +33,14 @@ class LabelsConfig(dg.Config):
     expected_labels: list[str] = ["defective", "functional"]
 
 
-def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, valid_only: bool = False):
+# Which rows of a batch a suite judges (a Spark SQL condition); None: every file listed.
+VALID_ROWS = f"status = '{images.VALID}'"
+LABELLED_ROWS = "label IS NOT NULL"  # files in a label folder; production images have none
+
+
+def _partition_frame(spark: SparkResource, lake: LakeResource, batch: str, rows: str | None = None):
     frame = lake.lake.tables.spark_frame(spark.spark_session, "raw_images", batch).drop("content")
-    return frame.filter(frame.status == images.VALID) if valid_only else frame
+    return frame.filter(rows) if rows else frame
 
 
 def _result(
@@ -70,33 +75,13 @@ def _batch_suite(
     lake: LakeResource,
     suite: str,
     expectations: list,
-    valid_only: bool = False,
+    rows: str | None = None,
 ) -> SuiteOutcome:
     """One GE suite over one raw_images batch, named in the data docs by asset, check and batch (GE says
     `__none__` otherwise)."""
-    frame = _partition_frame(spark, lake, batch, valid_only=valid_only)
+    frame = _partition_frame(spark, lake, batch, rows)
     run_name = f"{raw_images.key.to_user_string()}.{context.check_specs[0].name}[{batch}]"
     return run_suite(frame, suite, expectations, settings.environment().state_dir / "gx", run_name)
-
-
-def _each_batch(context: dg.AssetCheckExecutionContext, evaluate) -> dg.AssetCheckResult:
-    """The check over every batch of the run: one in a sensor or UI run, up to MAX_BATCHES_PER_RUN in a backfill
-    run (raw_images' backfill policy). Several batches give one result that fails when any batch fails and
-    names each failing batch with its own what-to-fix text."""
-    results = {batch: evaluate(batch) for batch in context.partition_keys}
-    if len(results) == 1:
-        return next(iter(results.values()))
-    failed = [batch for batch, result in results.items() if not result.passed]
-    return dg.AssetCheckResult(
-        passed=not failed,
-        severity=next(iter(results.values())).severity,
-        description=" ".join(f"[{batch}] {results[batch].description}" for batch in failed) or f"all {len(results)} batches pass",
-        metadata={
-            "batches": dg.MetadataValue.json(
-                {batch: {"passed": result.passed, "description": result.description} for batch, result in results.items()}
-            )
-        },
-    )
 
 
 def _warn_each_batch(
@@ -105,14 +90,14 @@ def _warn_each_batch(
     lake: LakeResource,
     suite: str,
     expectations: Callable[[], list],
-    valid_only: bool = False,
+    rows: str | None = None,
 ) -> dg.AssetCheckResult:
     """A warning suite over each batch of the run; `expectations()` builds fresh ones for each batch's suite (a GE
     expectation belongs to one suite)."""
-    return _each_batch(
+    return check_each_batch(
         context,
         lambda batch: _result(
-            _batch_suite(context, batch, spark, lake, suite, expectations(), valid_only=valid_only),
+            _batch_suite(context, batch, spark, lake, suite, expectations(), rows),
             severity=dg.AssetCheckSeverity.WARN,
         ),
     )
@@ -157,7 +142,7 @@ def valid_image_share(context: dg.AssetCheckExecutionContext, config: ValidShare
             extra={"valid_share": round(share, 4), "min_valid_share": config.min_valid_share, **to_fix(fix)},
         )
 
-    return _each_batch(context, evaluate)
+    return check_each_batch(context, evaluate)
 
 
 # Warns when valid images have sizes or formats outside what the model and cameras are expected to give.
@@ -176,25 +161,22 @@ def image_bounds(context: dg.AssetCheckExecutionContext, config: ImageBoundsConf
             gx.expectations.ExpectColumnValuesToBeInSet(column="format", value_set=config.formats),  # pyright: ignore[reportPrivateImportUsage]
         ]
 
-    return _warn_each_batch(context, spark, lake, "raw_images_bounds", expectations, valid_only=True)
+    return _warn_each_batch(context, spark, lake, "raw_images_bounds", expectations, VALID_ROWS)
 
 
-# Warns when files carry a label folder the classifier does not know.
+# Warns when files carry a label folder the classifier does not know; production images (no label folder) pass.
 @dg.asset_check(
     asset=raw_images,
     partitions_def=image_batches,
-    description="GE: every file's label folder is one of the expected labels.",
+    description="GE: every label folder is one of the expected labels (files without one are production images).",
 )
 def labels_expected(context: dg.AssetCheckExecutionContext, config: LabelsConfig, spark: SparkResource, lake: LakeResource):
     import great_expectations as gx
 
     def expectations():
-        return [
-            gx.expectations.ExpectColumnValuesToNotBeNull(column="label"),  # pyright: ignore[reportPrivateImportUsage]
-            gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels),  # pyright: ignore[reportPrivateImportUsage]
-        ]
+        return [gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=config.expected_labels)]  # pyright: ignore[reportPrivateImportUsage]
 
-    return _warn_each_batch(context, spark, lake, "raw_images_labels", expectations)
+    return _warn_each_batch(context, spark, lake, "raw_images_labels", expectations, LABELLED_ROWS)
 
 
 # Warns when the same image bytes arrive twice in one batch (they would be counted twice in training and evaluation).
@@ -209,7 +191,7 @@ def no_duplicate_content(context: dg.AssetCheckExecutionContext, spark: SparkRes
     def expectations():
         return [gx.expectations.ExpectColumnValuesToBeUnique(column="sha256")]  # pyright: ignore[reportPrivateImportUsage]
 
-    return _warn_each_batch(context, spark, lake, "raw_images_duplicates", expectations, valid_only=True)
+    return _warn_each_batch(context, spark, lake, "raw_images_duplicates", expectations, VALID_ROWS)
 
 
 raw_image_checks = [valid_image_share, image_bounds, labels_expected, no_duplicate_content]

@@ -19,8 +19,8 @@ IMAGE_FEATURES_COLUMNS = {
     "sha256": "content hash of the source image (its id)",
     "path": "the source file in the landing zone",
     "batch": "the landing batch the image came in (the table's partition)",
-    "label": "class",
-    "split": "train / validation / test",
+    "label": "class (null for a production image: one directly in its batch folder)",
+    "split": "train / validation / test, or unlabelled for a production image (scored, never trained on)",
     "source_width": "pixels of the source image",
     "source_height": "pixels of the source image",
     "tensor": "model input as uint8 bytes, row-major (height, width, channels)",
@@ -137,7 +137,7 @@ def _feature_overview(store, batch: str, snapshot_id: int) -> dict:
     frame = store.tables.scan("image_features", columns, EqualTo("batch", batch), snapshot_id).to_pandas()  # pyright: ignore[reportCallIssue]
     ok = frame[frame["feature_status"] == "ok"]
     return {
-        "labels": dict(sorted(Counter(ok["label"]).items())),
+        "labels": dict(sorted(Counter(ok["label"].dropna()).items())),
         "splits": dict(sorted(Counter(ok["split"]).items())),
         "statistics": {
             name: {"mean": round(float(ok[name].mean()), 5), "std": round(float(ok[name].std()), 5)}

@@ -86,7 +86,9 @@ def test_files_over_the_byte_limit_are_listed_not_read_and_the_files_are_uncompr
     huge = rows["functional/huge.png"]
     assert (huge["status"], huge["size_bytes"], huge["content"]) == ("too_large", limit + 1, None)
     assert "content not read" in huge["reason"]
-    assert rows["b5/loose.png"]["status"] == "unlabelled"
+    loose = rows["b5/loose.png"]  # no label folder: a production image, kept and never trained on
+    assert (loose["status"], loose["label"], loose["split"]) == ("valid", None, "unlabelled")
+    assert loose["content"] == valid_images()["grey.png"]
     lake = Lake(str(lake_root))
     for path in lake.tables.snapshot("raw_images", batch="b5").paths:
         metadata = pq.ParquetFile(path).metadata  # PNG/JPEG bytes are not compressed a second time

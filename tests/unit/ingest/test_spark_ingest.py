@@ -100,11 +100,16 @@ def test_a_file_gone_since_the_listing_gets_a_row_and_the_rest_go_on(tmp_path):
     assert rows["ok/grey.png"]["status"] == "valid"
 
 
-def test_a_file_directly_in_the_batch_is_unlabelled(tmp_path):
+def test_a_file_directly_in_the_batch_is_a_production_image_kept_with_its_bytes(tmp_path):
     batch = tmp_path / "b1"
-    write(batch, {"grey.png": valid_images()["grey.png"]})
-    row = ingest(batch, spark_ingest.list_batch(batch.as_uri()))["b1/grey.png"]
-    assert row["status"] == "unlabelled" and row["label"] is None and row["content"] is None
+    data = valid_images()["grey.png"]
+    write(batch, {"grey.png": data, "ok/grey.png": data})
+    rows = ingest(batch, spark_ingest.list_batch(batch.as_uri()))
+    production, labelled = rows["b1/grey.png"], rows["ok/grey.png"]
+    assert (production["status"], production["label"], production["split"]) == ("valid", None, images.UNLABELLED)
+    assert production["content"] == data and production["sha256"] == labelled["sha256"]
+    # The same bytes in a label folder get the hash's split: a production image never takes one.
+    assert labelled["split"] in images.SPLITS and labelled["label"] == "ok"
 
 
 def test_a_batch_without_image_files_builds_nothing(tmp_path):
