@@ -14,7 +14,7 @@ export GX_ANALYTICS_ENABLED := false
 export DAGSTER_DISABLE_TELEMETRY := true
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: demo test test-unit lint dev mlflow-ui bench bench-quick bench-model e2e validate lock clean
+.PHONY: demo test test-unit label-studio lint dev mlflow-ui bench bench-quick bench-model e2e validate lock clean
 
 # Creates the environment when missing or when the pins change; constraints.txt keeps installs reproducible.
 # Every deployable's extra (pyproject.toml): the demo runs the code location beside a local serving process,
@@ -29,12 +29,22 @@ demo: $(VENV)/.installed
 	mkdir -p .dgx
 	$(VENV)/bin/dgx-assets demo
 
+# Label Studio in a virtual environment of its own (Django and its pins do not fit beside ours): the review
+# queue's round-trip test starts it on 127.0.0.1 and drives it with label-studio-sdk (about 2 minutes, once).
+LABEL_STUDIO := .dgx/label-studio
+$(LABEL_STUDIO)/.installed:
+	test -x $(LABEL_STUDIO)/bin/python || $(PYTHON) -m venv $(LABEL_STUDIO)
+	$(LABEL_STUDIO)/bin/pip install --quiet label-studio==1.23.2 label-studio-sdk==2.1.2
+	touch $@
+
+label-studio: $(LABEL_STUDIO)/.installed
+
 # Both tiers, tests/unit and tests/integration (real Spark, Dagster, MLflow, servers, subprocesses), in two
 # pytest-xdist workers: the tests wait on JVMs, servers and subprocesses, so two share 2 cores well (15 min
 # against 23 on this 2-core machine, README). Ends with a coverage summary of dgx_assets ([tool.coverage]).
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(LABEL_STUDIO)/.installed
 	mkdir -p .dgx/coverage
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --cov --cov-report=term tests/unit tests/integration $(PYTEST_ARGS)
+	DGX_LABEL_STUDIO=$(CURDIR)/$(LABEL_STUDIO)/bin/label-studio $(PY) -m pytest -q -p no:cacheprovider -n 2 --cov --cov-report=term tests/unit tests/integration $(PYTEST_ARGS)
 
 # The fast tier: no JVM, no servers, no subprocesses.
 test-unit: $(VENV)/.installed

@@ -25,13 +25,15 @@ def mlflow_model_version(ui_url: str, model_name: str, version: str) -> str:
     return f"{ui_url.rstrip('/')}/#/models/{quote(model_name)}/versions/{version}?{TRAINING_VIEW}"
 
 
-# The docs server's two folders (reporting/docs_server.py), and the report's page in the first.
-REPORT_ROUTE, DATA_DOCS_ROUTE = "quality_report", "data-docs"
+# The docs server's folders (reporting/docs_server.py), and the report's page in the first. The review queue's
+# route is also its folder in the lake (<lake>/review_queue/, production/review.py).
+REPORT_ROUTE, DATA_DOCS_ROUTE, REVIEW_QUEUE_ROUTE = "quality_report", "data-docs", "review_queue"
 REPORT_PAGE = "report.html"
 
 
 def docs_page(docs_url: str, route: str, *parts: str) -> str:
-    """A page of the read-only docs server (reporting/docs_server.py): the report, GE's data docs."""
+    """A page of the read-only docs server (reporting/docs_server.py): the report, GE's data docs, a review queue's
+    files; each part percent-encoded."""
     return "/".join([docs_url.rstrip("/"), route, *(quote(part) for part in parts)])
 
 

@@ -1,4 +1,4 @@
-"""A small read-only HTTP server for the pages dgx_assets writes: the quality report and GE's data docs.
+"""A small read-only HTTP server for the pages dgx_assets writes: the quality report, GE's data docs, review queues.
 
 Browsers refuse `file://` links from an http page ("Not allowed to load local resource"), so Dagster's metadata
 and the report link here instead. `make dev` starts it beside the Dagster UI (`dgx-assets docs-server`, on
@@ -6,13 +6,15 @@ DGX_DOCS_URL, http://127.0.0.1:3001 by default):
 
     /quality_report/...   <lake>/quality_report/ (report.html), read through the lake's filesystem (file://, hdfs://)
     /data-docs/...        GE's data docs site under the state folder (index.html, one page per validation)
+    /review_queue/...     <lake>/review_queue/: each batch's images and saliency pictures, which Label Studio's
+                          tasks link to (production/review.py), read as the report is
 
 An ASGI app on uvicorn behind the connection layer the serving process and the station share
 (dgx_assets/http_limits.py): at most `max_connections` open, a deadline for each request head, idle keep-alive
 connections closed. What it answers:
 
 - GET and HEAD only (405 otherwise), regular files only (no listings, no FIFOs or devices);
-- nothing outside the two folders, and no symbolic link inside them either: on a local filesystem each name
+- nothing outside the served folders, and no symbolic link inside them either: on a local filesystem each name
   is opened with O_NOFOLLOW from the folder above it, so a link (to /proc/self/environ, to a file beside the
   lake, or one swapped in after a check) is a 404;
 - each file streamed in `CHUNK_BYTES` pieces, never read whole: memory stays flat however large the file and
@@ -37,7 +39,7 @@ from urllib.parse import unquote_to_bytes
 from starlette.responses import Response
 
 from dgx_assets import http_limits
-from dgx_assets.links import DATA_DOCS_ROUTE, REPORT_PAGE, REPORT_ROUTE
+from dgx_assets.links import DATA_DOCS_ROUTE, REPORT_PAGE, REPORT_ROUTE, REVIEW_QUEUE_ROUTE
 
 FIRST_PAGE = {REPORT_ROUTE: REPORT_PAGE, DATA_DOCS_ROUTE: "index.html"}  # what a folder's address opens
 CHUNK_BYTES = 64 * 1024
@@ -63,13 +65,17 @@ class NotServed(Exception):
 
 
 def routes() -> dict:
-    """Route -> the Lake whose root it serves: the lake's report folder and GE's data docs site."""
+    """Route -> the Lake whose root it serves: the lake's report and review queue folders, GE's data docs site."""
     from dgx_assets import settings
     from dgx_assets.lake.store import Lake
     from dgx_assets.quality.expectations import data_docs_site
 
     lake = Lake(settings.environment().lake_root)
-    return {REPORT_ROUTE: Lake(lake.asset_uri(REPORT_ROUTE)), DATA_DOCS_ROUTE: Lake(str(data_docs_site()))}
+    return {
+        REPORT_ROUTE: Lake(lake.asset_uri(REPORT_ROUTE)),
+        REVIEW_QUEUE_ROUTE: Lake(lake.asset_uri(REVIEW_QUEUE_ROUTE)),
+        DATA_DOCS_ROUTE: Lake(str(data_docs_site())),
+    }
 
 
 def resolve(raw_path: bytes | str) -> tuple[str, list[str]]:

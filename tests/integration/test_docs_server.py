@@ -1,17 +1,22 @@
-"""`dgx-assets docs-server`, the read-only http server `make dev` starts for the report and GE's data docs, as a
-real process on 127.0.0.1: it serves both folders, refuses to write or to step outside them, stops on SIGINT."""
+"""`dgx-assets docs-server`, the read-only http server `make dev` starts for the report, GE's data docs and the
+review queues, as a real process on 127.0.0.1: it serves those folders, refuses to write or to step outside
+them, stops on SIGINT."""
 
 import functools
 import os
 import signal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 from dagster_dev import free_port
 from support.docs_server import docs_server
+from support.review_queue import CLASSES, jpeg, png
 from support.waiting import wait_for
 
+from dgx_assets.lake.store import Lake
+from dgx_assets.production import review
 from dgx_assets.quality.expectations import data_docs_site
 
 
@@ -101,6 +106,41 @@ def test_links_and_hostile_paths_get_a_clean_refusal_and_nothing_else(server):
         status, _, body = _raw_get(base, path)
         assert status in (400, 404) and body, path  # a reply with a body, not an empty one
     assert requests.get(f"{base}/quality_report/report.html", timeout=5).status_code == 200  # still serving
+    assert process.poll() is None
+
+
+def test_serves_a_review_queue_read_only_and_nothing_beside_it(server, tmp_path):
+    import hashlib
+
+    base, process = server
+    lake, batch = Lake(str(tmp_path / "lake")), "lot#1 é"
+    images = {hashlib.sha256(data).hexdigest(): review.RawImage(data, ext) for data, ext in ((png(1), "png"), (jpeg(2), "jpg"))}
+    queued = [{"sha256": sha, "path": f"file:/landing/{sha}", "defect_probability": 0.5} for sha in images]
+    saliency = {sha: png(3) for sha in images}
+    options = {"docs_url": base, "model_version": "7", "threshold": 0.4, "saliency": saliency, "images": images}
+    folder = Path(lake.fs_path(review.write_queue(lake, batch, queued, CLASSES, **options)))
+    for task in requests.get(review.queue_url(base, batch, review.TASKS_FILE), timeout=5).json():
+        image = requests.get(task["data"]["image"], timeout=5)
+        expected = images[task["data"]["sha256"]]
+        kind = {"png": "image/png", "jpg": "image/jpeg"}[expected.extension]
+        assert image.status_code == 200 and image.headers["Content-Type"] == kind and image.content == expected.content
+        assert requests.get(task["data"]["saliency"], timeout=5).headers["Content-Type"] == "image/png"
+    assert requests.post(task["data"]["image"], timeout=5).status_code == 405
+    # Links in the queue, to a file beside the lake or to the lake itself as a batch's folder, are never followed.
+    (folder / "images" / "linked.png").symlink_to(tmp_path / "lake" / "secret.txt")
+    (folder.parent / "batch=linked").symlink_to(tmp_path / "lake")
+    queue = urlsplit(review.queue_url(base, batch)).path
+    for path in (
+        f"{queue}/images/linked.png",
+        "/review_queue/batch%3Dlinked/secret.txt",
+        "/review_queue/../secret.txt",
+        "/review_queue/%2e%2e/secret.txt",
+        f"{queue}/../../secret.txt",
+        f"{queue}/..%2f..%2fsecret.txt",
+        f"{queue}/images/%2e%2e/%2e%2e/%2e%2e/secret.txt",
+    ):
+        status, _, body = _raw_get(base, path)
+        assert status == 404 and b"not served" not in body, path
     assert process.poll() is None
 
 
