@@ -29,6 +29,7 @@ from bench.common import REPO, RESULTS_DIR, prepare_environment
 BENCHMARKS = (
     "code_location",
     "train_input",
+    "drift",
     "edge",
     "serving",
     "ingest",
