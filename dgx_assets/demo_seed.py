@@ -37,20 +37,32 @@ def elpv_records(limit: int | None = None) -> list[dict]:
     return records[:limit] if limit else records
 
 
-def seed_landing(landing_uri: str, batches: int = 3, limit: int | None = None, package_order: bool = False) -> dict[str, int]:
+PRODUCTION_BATCH = "production-01"  # the demo's production batch: images without a label folder
+
+
+def seed_landing(
+    landing_uri: str, batches: int = 3, limit: int | None = None, package_order: bool = False, production_share: float = 0.0
+) -> dict[str, int]:
     """Copy ELPV images (their original PNG bytes) into `<landing>/<batch>/<label>/<type>_<name>`.
 
     The batches are a stable random deal, as a production line delivers a steady mix of cells. ELPV's own file
     order groups cells by type and defect rate, so `package_order` batches differ for real: the report flags
-    their drift and label shift."""
+    their drift and label shift. A `production_share` of the images (the end of the deal) lands as the line sends
+    them, without their labels: directly in PRODUCTION_BATCH, to be scored by the champion, never trained on."""
+    if not 0 <= production_share < 1:
+        raise ValueError(f"production_share must be in [0, 1), got {production_share}")
     fs, root = filesystem_for(landing_uri)
     records = elpv_records(limit)
     if not package_order:
         records.sort(key=lambda record: hashlib.sha256(record["file"].name.encode()).hexdigest())
+    labelled = len(records) - round(production_share * len(records))
     counts: dict[str, int] = {}
     for index, record in enumerate(records):
-        batch = f"elpv-{index * batches // len(records) + 1:02d}"
-        folder = posixpath.join(root, batch, record["label"])
+        if index < labelled:
+            batch = f"elpv-{index * batches // labelled + 1:02d}"
+            folder = posixpath.join(root, batch, record["label"])
+        else:
+            batch, folder = PRODUCTION_BATCH, posixpath.join(root, PRODUCTION_BATCH)
         fs.create_dir(folder, recursive=True)
         target = posixpath.join(folder, f"{record['cell_type']}_{record['file'].name}")
         # Write aside and rename, as a well-behaved uploader does, so a sensor never sees half a file.

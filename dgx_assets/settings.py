@@ -141,6 +141,12 @@ class Environment(BaseSettings):
     retrain_timezone: str = Field(
         default="UTC", validation_alias="DGX_RETRAIN_TIMEZONE", description="the time zone of DGX_RETRAIN_CRON"
     )
+    retrain_min_interval_s: float = Field(
+        default=6 * 3600,
+        ge=0,
+        validation_alias="DGX_RETRAIN_MIN_INTERVAL_S",
+        description="the least time between two retrainings the new-labels sensor requests",
+    )
     git_commit: Optional[str] = Field(
         default=None,
         validation_alias="DGX_GIT_COMMIT",

@@ -56,6 +56,7 @@ class BatchState:
     fingerprint: str
     in_progress: tuple[str, ...]  # files still being written
     refused: tuple[Refused, ...] = ()  # entries recorded but not read (links, special files, unlistable folders)
+    production_files: int = 0  # directly in the batch folder, not in a label folder: to be scored, not trained on
 
     @property
     def complete(self) -> bool:
@@ -328,4 +329,6 @@ def batch_state(name: str, root: str, listing: BatchListing) -> BatchState:
         in_progress = tuple(path[len(root) :].lstrip("/") for path in copying)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     refused = tuple(sorted(listing.refused, key=lambda entry: entry.path))
-    return BatchState(name, len(files), sum(map(operator.itemgetter(1), files)), digest, in_progress, refused)
+    start = len(root.rstrip("/")) + 1
+    production = sum(1 for path, _, _ in files if path.count("/", start) == 1)  # `<batch>/<file>`: no label folder
+    return BatchState(name, len(files), sum(map(operator.itemgetter(1), files)), digest, in_progress, refused, production)

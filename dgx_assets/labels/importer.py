@@ -154,6 +154,14 @@ def _sha_name(image: LakeImage) -> str:
     return f"{image.sha256}.{extension}"
 
 
+LABEL_BATCH = re.compile(r".+-labels-\d{8}T\d{6}Z")  # what batch_name makes
+
+
+def is_label_batch(batch: str) -> bool:
+    """Whether a landing batch is one import-labels wrote (inspectors' labels)."""
+    return LABEL_BATCH.fullmatch(batch) is not None
+
+
 def batch_name(name: str, now: dt.datetime | None = None) -> str:
     if not SAFE_NAME.fullmatch(name):
         raise ImportRefused([f"--batch {name!r}: use letters, digits and `_.+-`, starting with a letter or digit"])

@@ -22,7 +22,6 @@ import io
 import json
 import math
 import re
-import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,8 +74,10 @@ def least_certain(rows: Iterable[Mapping[str, Any]], threshold: float, size: int
 
 
 def import_command(batch: str) -> str:
-    """What an inspector runs with the queue's Label Studio export (the batch quoted for the shell)."""
-    return f"dgx-assets import-labels EXPORT.json --batch {shlex.quote(batch)}"
+    """What an inspector runs with the queue's Label Studio export: the new batch named after this one, in the
+    characters `--batch` accepts (a batch name may hold `#`, spaces, any letter)."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", batch).lstrip("_.+-")[:80] or "review"
+    return f"dgx-assets import-labels EXPORT.json --batch {name}"
 
 
 # --- addresses --------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ def _defaults(state: Path) -> dict[str, object]:
         "ernie_token": None,
         "retrain_cron": "0 2 * * *",
         "retrain_timezone": "UTC",
+        "retrain_min_interval_s": 21600.0,
         "git_commit": None,
     }
 
@@ -83,6 +84,7 @@ GIVEN = {
     "DGX_ERNIE_TOKEN": ("t0ken", "t0ken"),
     "DGX_RETRAIN_CRON": ("*/5 * * * *", "*/5 * * * *"),
     "DGX_RETRAIN_TIMEZONE": ("Europe/Berlin", "Europe/Berlin"),
+    "DGX_RETRAIN_MIN_INTERVAL_S": ("600", 600.0),
     "DGX_GIT_COMMIT": ("abc123", "abc123"),
 }
 

@@ -10,6 +10,7 @@ from dgx_assets.spark.progress import spark_progress
 ASSET_OWNERS = ["team:data-platform"]
 # Metadata key of the landing batch's fingerprint (landing.batch_state) that a raw_images partition was made from.
 LANDING_FINGERPRINT = "landing_fingerprint"
+LABELLED_IMAGES = "labelled_images"  # valid images in a label folder: what retraining can learn from
 # What each raw_images column means, for the column schema the UI shows.
 RAW_IMAGES_COLUMNS = {
     "path": "the file's URI in the landing zone",
@@ -103,6 +104,7 @@ def _ingest_batch(
             "quarantined": metadata.counts(summary["quarantined"], "status", "files"),
             "size": metadata.human_size(summary["bytes"]),
             "label_counts": metadata.counts(summary["labels"], "label", "valid images"),
+            LABELLED_IMAGES: summary["valid"] - summary["production_images"],  # what the retraining sensor looks for
             "production_images": summary["production_images"],  # valid, without a label folder: scored, never trained on
             "split_counts": metadata.counts(summary["splits"], "split", "valid images"),
             "preview": dg.MetadataValue.md(preview.to_pandas().to_markdown(index=False)),

@@ -5,13 +5,19 @@ import dagster as dg
 from dgx_assets.defs.resources import LakeResource
 from dgx_assets.partitions import IMAGE_BATCHES, image_batches
 
-# Exactly raw_images and image_features of one batch, with their checks: named, not "downstream of raw_images",
-# which also caught challenger_model and hyperparameter_search. Whole-dataset assets are the retraining job's.
+# raw_images and image_features of one batch, with their checks, and for a batch with production images the
+# champion's scoring of it: named, not "downstream of raw_images", which also caught challenger_model and
+# hyperparameter_search. Whole-dataset assets are the retraining job's.
+INGEST_ASSETS = [dg.AssetKey("raw_images"), dg.AssetKey("image_features")]
+SCORING_ASSETS = [dg.AssetKey("defect_predictions"), dg.AssetKey("review_queue")]
 ingest_batch_job = dg.define_asset_job(
     "ingest_batch",
-    selection=dg.AssetSelection.assets("raw_images", "image_features"),
+    selection=dg.AssetSelection.assets(*INGEST_ASSETS, *SCORING_ASSETS),
     partitions_def=image_batches,
-    description="Ingest one landing batch: raw_images and the per-batch features after it.",
+    description=(
+        "Ingest one landing batch: raw_images and the per-batch features after it; a batch with production images "
+        "(files without a label folder) is also scored by the champion and its review queue written."
+    ),
 )
 
 
@@ -41,7 +47,8 @@ def _ingested_fingerprint(instance: dg.DagsterInstance, batch: str) -> str | Non
     description=(
         "Lists DGX_LANDING_URI each tick; a batch folder that is new or changed, holds no file still being copied and "
         "looks the same as on the previous tick gets a dynamic partition and one ingest run, unless raw_images was "
-        "already materialized from the same content. Links, special files and unlistable folders are never followed "
+        "already materialized from the same content; a batch holding production images (no label folder) is scored "
+        "by the champion in the same run. Links, special files and unlistable folders are never followed "
         "or opened: they get a raw_images row each, and the tick says what it skipped."
     ),
 )
@@ -93,6 +100,7 @@ def landing_zone_sensor(context: dg.SensorEvaluationContext, lake: LakeResource)
             dg.RunRequest(
                 run_key=f"{state.name}:{state.fingerprint}",
                 partition_key=state.name,
+                asset_selection=INGEST_ASSETS + (SCORING_ASSETS if state.production_files else []),
                 tags={
                     "dgx/landing_fingerprint": state.fingerprint,
                     "dgx/files": str(state.files),

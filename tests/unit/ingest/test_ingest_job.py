@@ -1,4 +1,5 @@
-"""The landing sensor's job runs one batch's ingest and nothing else: no training, no XGBoost, no Ray search."""
+"""The landing sensor's job runs one batch's ingest and its scoring, nothing else: no training, no XGBoost, no Ray
+search."""
 
 import dagster as dg
 
@@ -8,13 +9,14 @@ from dgx_assets.defs.ingest.sensors import ingest_batch_job, landing_zone_sensor
 defs = code_location()
 
 
-def test_ingest_batch_selects_exactly_raw_images_and_image_features_with_their_checks():
+def test_ingest_batch_selects_exactly_one_batch_s_ingest_and_scoring_with_their_checks():
     graph = defs.resolve_asset_graph()
     assets = ingest_batch_job.selection.resolve(graph)
     checks = ingest_batch_job.selection.resolve_checks(graph)
-    assert assets == {dg.AssetKey("raw_images"), dg.AssetKey("image_features")}
+    names = {"raw_images", "image_features", "defect_predictions", "review_queue"}
+    assert assets == {dg.AssetKey(name) for name in names}
     expected_checks = {key for key in graph.asset_check_keys if key.asset_key in assets}
-    assert checks == expected_checks and {key.name for key in checks} >= {"valid_image_share", "no_duplicate_content"}
+    assert checks == expected_checks and {key.name for key in checks} >= {"valid_image_share", "embedding_drift"}
     assert landing_zone_sensor.job_name == "ingest_batch"
     # The job as the code location resolves it: partitioned by batch, built from the same selection.
     job = defs.resolve_job_def("ingest_batch")

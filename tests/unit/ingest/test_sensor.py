@@ -265,3 +265,18 @@ def test_names_that_are_not_utf8_cost_only_their_own_entry_and_other_batches_run
     [refused] = look_at_batch(str(landing / "mixed")).listing.refused
     assert refused.path == str(landing / "mixed" / "functional" / "cell-\\xff.png")
     assert "not valid UTF-8" in refused.reason and "rename" in refused.reason
+
+
+def test_a_batch_with_production_images_is_scored_in_its_ingest_run(tmp_path):
+    from imagefactory import valid_images
+
+    lake_root = tmp_path / "lake"
+    landing = lake_root / "landing"
+    land(landing, "labelled")
+    land(landing, "line", names=("a.png",))
+    (landing / "line" / "camera-3.png").write_bytes(next(iter(valid_images().values())))  # no label folder
+    with dg.instance_for_test() as instance:
+        result = tick(instance, lake_root, tick(instance, lake_root, None).cursor)
+    selections = {r.partition_key: {key.to_user_string() for key in r.asset_selection} for r in result.run_requests}
+    ingest = {"raw_images", "image_features"}
+    assert selections == {"labelled": ingest, "line": ingest | {"defect_predictions", "review_queue"}}
