@@ -32,7 +32,7 @@ class ReportData:
     checks: list[CheckOutcome] = field(default_factory=list)
     ge_data_docs: str | None = None
     statistics: dict[str, dict] = field(default_factory=dict)  # name -> {"reference": [...], "per_batch": {...}}
-    drift: list[dict] = field(default_factory=list)  # the flagged rows of `ks`
+    drift: list[dict] = field(default_factory=list)  # the flagged rows of `ks`: supporting figures, not the verdict
     ks: list[dict] = field(default_factory=list)  # every batch and statistic against the training data
     label_balance: list[dict] = field(default_factory=list)  # every batch's class shares against the other batches
     model: dict | None = None  # trained_model's model_info.json
@@ -43,6 +43,7 @@ class ReportData:
     generated: dict | None = None  # status counts and sample images per label
     comparison: dict | None = None  # trained_model beside challenger_model (dgx_assets/challenger/report.py)
     promotion: dict | None = None  # champion_model's latest decision (its metadata) and the run that made it
+    production: list[dict] = field(default_factory=list)  # per scored batch: figures, drift, review queue (production.py)
     missing: list[str] = field(default_factory=list)
 
 

@@ -12,7 +12,8 @@ from dgx_assets.challenger import report as challenger_report
 from dgx_assets.gates import within
 from dgx_assets.markdown import table_lines
 from dgx_assets.metadata import human_size
-from dgx_assets.reporting import charts
+from dgx_assets.production.drift import DRIFT_CHECK
+from dgx_assets.reporting import charts, production
 from dgx_assets.reporting.collect import ReportData
 from dgx_assets.reporting.verdict import Verdict
 from dgx_assets.templating import fmt, render
@@ -105,6 +106,7 @@ def render_html(data: ReportData, verdict: Verdict, links: dict[str, str]) -> st
         model=_model(data),
         # Rendered by its own autoescaping template, so it is markup already.
         challenger=Markup(challenger_report.render_html(data.comparison)),
+        production=Markup(production.render_html(data.production)),
         edge=_edge_figures(data.edge),
         generated=_generated(data),
         hardware=_hardware_text(data.hardware) if data.hardware else None,
@@ -308,8 +310,10 @@ def _key_figures(data: ReportData) -> list[dict]:
     if diversity:
         label = "generated images: near-duplicates" if diversity["flagged"] else "generated images differ"
         card(diversity["value"], f"{label} (mean pairwise distance)", diversity["threshold"], diversity["flagged"])
-    flagged = len(data.drift) + sum(1 for row in data.label_balance if row["flagged"])
-    card(str(flagged), "drift or label-shift flags", "KS > 0.3 and p < 0.01; class share 10 points off and p < 0.01")
+    flagged = sum(not c.passed for c in data.checks if c.check == DRIFT_CHECK) + sum(row["flagged"] for row in data.label_balance)
+    card(
+        str(flagged), "drift or label-shift flags", "embedding drift (AUC > 0.55, p < 0.01); class share 10 points off, p < 0.01"
+    )
     return figures
 
 

@@ -34,15 +34,14 @@ class Verdict:
 
 def decide(
     checks: list[CheckOutcome],
-    drifted: list[str],
     missing: list[str],
     label_shifts: Sequence[str] = (),
     held_back: str | None = None,
     gate_checks: AbstractSet[tuple[str, str]] = frozenset(),
 ) -> Verdict:
     """fail: an error-severity check failed, or a version was held back from promotion (`held_back`, which then
-    stands for the failed `gate_checks`: (asset, check) pairs). warn: a warning check failed, drift (image
-    statistics or label balance), or an asset not built yet."""
+    stands for the failed `gate_checks`: (asset, check) pairs). warn: a warning check failed (embedding_drift is
+    the drift verdict), the label balance shifted, or an asset not built yet."""
     folded = gate_checks if held_back else set()
     failed = [c for c in checks if not c.passed and c.severity == "ERROR" and (c.asset, c.check) not in folded]
     warned = [c for c in checks if not c.passed and c.severity != "ERROR"]
@@ -52,7 +51,6 @@ def decide(
         for c in failed
     ]
     reasons += [f"warning check {c.check} failed on {c.where}" + (f": {c.summary}" if c.summary else "") for c in warned]
-    reasons += [f"image statistics drifted: {d}" for d in drifted]
     reasons += [f"label balance shifted: {shift}" for shift in label_shifts]
     reasons += [f"{asset} has not been materialized" for asset in missing]
     if failed or held_back:

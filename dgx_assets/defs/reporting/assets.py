@@ -8,13 +8,18 @@ from dgx_assets.defs.edge.champion import PROMOTION_CHECKS, held_back_summary
 from dgx_assets.defs.generation.checks import generation_checks
 from dgx_assets.defs.ingest.checks import raw_image_checks
 from dgx_assets.defs.model.training import trained_model
+from dgx_assets.defs.production.checks import embedding_drift
 from dgx_assets.defs.resources import LakeResource, MlflowResource
 from dgx_assets.links import REPORT_PAGE, REPORT_ROUTE
 
 # The checks the report sums up, known from their domains' definitions (trained_model and edge_model run theirs
 # in their own steps).
 REPORTED_CHECKS = sorted(
-    {key for checked in (*raw_image_checks, trained_model, edge_model, *generation_checks) for key in checked.check_keys},
+    {
+        key
+        for checked in (*raw_image_checks, trained_model, edge_model, *generation_checks, embedding_drift)
+        for key in checked.check_keys
+    },
     key=lambda key: (key.asset_key.to_user_string(), key.name),
 )
 
@@ -27,6 +32,7 @@ UPSTREAM = [
     "champion_model",
     "ernie_generated_images",
     "challenger_model",
+    "defect_predictions",
 ]
 
 
@@ -79,6 +85,7 @@ def _gather(instance: dg.DagsterInstance, store, tracking_uri: str):
     """Everything the report shows, read from the lake, the instance and MLflow."""
     from dgx_assets.challenger import report as challenger_report
     from dgx_assets.reporting import collect
+    from dgx_assets.reporting.production import production as collect_production
 
     data = collect.ReportData(
         batches=collect.ingestion(store),
@@ -93,6 +100,7 @@ def _gather(instance: dg.DagsterInstance, store, tracking_uri: str):
     )
     data.statistics, data.ks = collect.image_statistics(store)
     data.drift = [row for row in data.ks if row["flagged"]]
+    data.production = collect_production(store, data.checks)
     data.label_balance = collect.label_balance(data.batches)
     data.comparison = challenger_report.compare(store, data.model, data.edge)
     run_id = (data.model or {}).get("mlflow_run_id")
@@ -118,9 +126,9 @@ def _verdict(data):
         for row in data.label_balance
         if row["flagged"]
     ]
+    # The drift verdict is embedding_drift's, a warning check among data.checks; the KS tests are supporting figures.
     return decide(
         data.checks,
-        [f"{d['statistic']} of batch {d['batch']} (KS {d['ks']})" for d in data.drift],
         data.missing,
         shifts,
         held_back=held_back_summary(data.promotion or {}),

@@ -16,27 +16,30 @@ PASSED = CheckOutcome("raw_images", "valid_image_share", "b1", True, "ERROR")
 
 
 def test_blocking_failure_fails_warning_warns_clean_passes():
-    assert decide([PASSED], [], []).level == "pass"
+    assert decide([PASSED], []).level == "pass"
     warn = CheckOutcome("raw_images", "no_duplicate_content", "b1", False, "WARN")
-    assert decide([PASSED, warn], [], []).level == "warn"
+    assert decide([PASSED, warn], []).level == "warn"
     fail = CheckOutcome("edge_model", "tflite_parity", None, False, "ERROR", "agreement 0.91 < 0.99", blocking=True)
-    verdict = decide([PASSED, warn, fail], [], [])
+    verdict = decide([PASSED, warn, fail], [])
     assert verdict.level == "fail"
     assert "blocking check tflite_parity failed on edge_model: agreement 0.91 < 0.99" in verdict.reasons
-    assert decide([PASSED], ["brightness of batch b2"], []).level == "warn"
-    assert decide([PASSED], [], ["edge_model"]).reasons == ["edge_model has not been materialized"]
+    drifted = CheckOutcome("defect_predictions", "embedding_drift", "line-3", False, "WARN", "embedding drift: drifted")
+    assert decide([PASSED, drifted], []).reasons == [
+        "warning check embedding_drift failed on defect_predictions[line-3]: embedding drift: drifted"
+    ]
+    assert decide([PASSED], ["edge_model"]).reasons == ["edge_model has not been materialized"]
 
 
 def test_a_held_back_version_leads_the_verdict_and_stands_for_its_failed_gate():
     parity = CheckOutcome("edge_model", "parity", None, False, "ERROR", "int8 ships: 15 flips")
     other = CheckOutcome("ernie_generated_images", "generated_images_valid", None, False, "ERROR", "start the server")
     held = "dgx_defect_classifier v1 not promoted, stays candidate; the champion stays none. **edge_model.parity** failed: ..."
-    verdict = decide([PASSED, parity, other], [], [], held_back=held, gate_checks={("edge_model", "parity")})
+    verdict = decide([PASSED, parity, other], [], held_back=held, gate_checks={("edge_model", "parity")})
     assert verdict.level == "fail" and verdict.reasons[0] == held
     assert not any("check parity failed" in reason for reason in verdict.reasons)  # told once, in the decision
     assert "check generated_images_valid failed on ernie_generated_images: start the server" in verdict.reasons
     # Without a held-back decision the failed gate is listed like any other check.
-    assert "check parity failed on edge_model: " + parity.summary in decide([parity], [], []).reasons
+    assert "check parity failed on edge_model: " + parity.summary in decide([parity], []).reasons
 
 
 def test_html_is_self_contained_with_valid_inline_pngs():
@@ -71,7 +74,7 @@ def test_html_is_self_contained_with_valid_inline_pngs():
         },
         hardware={"kind": "cpu", "cpu_model": "test cpu"},
     )
-    page = render.render_html(data, decide(data.checks, [], []), {"MLflow run": "http://127.0.0.1:5000/#/runs/x"})
+    page = render.render_html(data, decide(data.checks, []), {"MLflow run": "http://127.0.0.1:5000/#/runs/x"})
     for section in ("verdict", "links", "ingestion", "expectations", "statistics", "model", "edge", "generated", "hardware"):
         assert f"id='{section}'" in page
     assert "Verdict: PASS" in page and "corrupted: 2" in page and "0.995" in page
@@ -111,7 +114,7 @@ def test_label_balance_shift_between_batches_is_flagged_and_warns():
 
     data = ReportData(batches=_batches(0.56, 0.25, 0.13), label_balance=list(rows.values()))
     shift = ["batch b1 has 56% defective against 19% in the other batches"]
-    verdict = decide([PASSED], [], [], shift)
+    verdict = decide([PASSED], [], shift)
     assert verdict.level == "warn" and verdict.reasons == [f"label balance shifted: {shift[0]}"]
     page = render.render_html(data, verdict, {})
     assert "id='label-balance'" in page and "Label balance shifted in b1, b3" in page
@@ -141,7 +144,7 @@ def test_check_tables_tell_kind_fill_both_columns_of_a_failure_and_mark_its_row(
     gate = CheckOutcome(
         "edge_model", "parity", None, False, "ERROR", found="int8 ships: 15 flips", fix="set `quantization: float16`"
     )
-    page = render.render_html(ReportData(checks=[passed, failed, gate]), decide([passed, failed, gate], [], []), {})
+    page = render.render_html(ReportData(checks=[passed, failed, gate]), decide([passed, failed, gate], []), {})
     rows = re.findall(r"<tr( class='failed')?>(.*?)</tr>", page)
     cells = {
         re.findall(r"<td[^>]*>(.*?)</td>", row)[1]: (mark, re.findall(r"<td[^>]*>(.*?)</td>", row))
@@ -200,7 +203,7 @@ def test_the_first_screen_shows_the_decision_every_gated_figure_with_its_thresho
     )
     from dgx_assets.defs.edge.champion import held_back_summary
 
-    verdict = decide(data.checks, [], [], held_back=held_back_summary(data.promotion), gate_checks={("edge_model", "parity")})
+    verdict = decide(data.checks, [], held_back=held_back_summary(data.promotion), gate_checks={("edge_model", "parity")})
     page = render.render_html(data, verdict, {render.DECISION_RUN: "http://127.0.0.1:3000/runs/abc"})
     first_screen = page[: page.index("id='ingestion'")]
     assert "<strong>edge_model.parity</strong> failed: int8 ships: <code>negative_flip_rate</code> 0.0377" in first_screen
@@ -236,7 +239,7 @@ def test_every_drift_test_is_shown_not_only_the_flagged_ones():
         ],
     )
     data.drift = [row for row in data.ks if row["flagged"]]
-    page = render.render_html(data, decide([], ["brightness of batch b2"], []), {})
+    page = render.render_html(data, decide([], []), {})
     assert "<td>b1</td><td>brightness</td><td class='num'>0.05</td><td>0.9</td><td>no</td>" in page
     assert "<td>b2</td><td>brightness</td><td class='num'>1</td><td>0.001</td><td>FLAGGED</td>" in page
 
@@ -247,7 +250,7 @@ def test_markdown_summary_keeps_each_figure_on_its_own_line():
         edge={"top1_agreement": 0.98, "size_ratio": 0.125},
         generated={"status_counts": {"valid": 12}},
     )
-    summary = render.render_markdown(data, decide([], [], []), "/lake/quality_report/report.html")
+    summary = render.render_markdown(data, decide([], []), "/lake/quality_report/report.html")
     assert "- Model test accuracy 81.4% (majority baseline 70.6%)" in summary.splitlines()
     assert "- Edge model: agreement 98.0%, size ratio 0.125" in summary.splitlines()
     assert "- Generated images: valid 12" in summary.splitlines()
@@ -264,8 +267,49 @@ def test_near_duplicate_generated_images_are_flagged_beside_decodable():
         figures=(("mean_pairwise_distance", 0.069, "min", 0.1),),
     )
     data = ReportData(checks=[diverse], generated={"status_counts": {"valid": 12}, "rows": 12, "samples": {}})
-    page = render.render_html(data, decide(data.checks, [], []), {})
+    page = render.render_html(data, decide(data.checks, []), {})
     assert "<div class='figure failed'><b>0.069</b>generated images: near-duplicates" in page
     assert "<span class='threshold'>at least 0.1</span>" in page and "generated images decodable" in page
     section = page[page.index("id='generated'") :]
     assert f"id='diversity' class='flag'>{escape(diverse.found)}." in section
+
+
+def test_the_production_section_shows_each_scored_batch_its_drift_and_its_queue():
+    from dgx_assets.production.figures import scored_batch
+
+    png = base64.b64encode(next(iter(valid_images().values()))).decode()
+    figures = scored_batch(
+        {
+            "label": [None, None, "functional"],
+            "predicted_label": ["defective", "functional", "functional"],
+            "defect_probability": [0.9, 0.2, 0.1],
+        },
+        "defective",
+    )
+    task = {
+        "name": "c1.png",
+        "predicted": "defective",
+        "margin": 0.02,
+        "image": png,
+        "saliency": png,
+        "saliency_url": "http://x/s.png",
+    }
+    data = ReportData(
+        production=[
+            {
+                "batch": "line <3>",
+                "model_version": "dgx_defect_classifier v2",
+                "figures": figures,
+                "drift": {"passed": False, "found": "embedding drift: drifted: ROC AUC 0.91"},
+                "tasks": [task],
+                "import_command": "dgx-assets import-labels EXPORT.json --batch line-3-",
+            }
+        ]
+    )
+    page = render.render_html(data, decide([], []), {})
+    assert "id='production'" in page and "<h3 id='production-1'>line &lt;3&gt;</h3>" in page
+    assert "<td class='num'>3</td><td class='num'>2</td>" in page and "33.3 %" in page  # scored, production, rate
+    assert "<p class='flag'><b>Drift:</b> embedding drift: drifted: ROC AUC 0.91.</p>" in page
+    assert f'alt="saliency of c1.png" src="data:image/png;base64,{png}"' in page
+    assert "<code>dgx-assets import-labels EXPORT.json --batch line-3-</code>" in page
+    assert "no batch has been scored" in render.render_html(ReportData(), decide([], []), {})
