@@ -18,6 +18,9 @@ from dgx_assets.demo_console import DemoProgress
 from dgx_assets.demo_seed import seed_landing
 from dgx_assets.progress import progress_of
 
+PRODUCTION_GROUP = "production"
+PRODUCTION_SHARE = 0.1  # of the ELPV images, landed without labels as the line sends them: scored, never trained on
+
 
 def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) -> int:
     """`make demo`: seed the landing zone if it is empty, then materialize every asset on the local default.
@@ -43,16 +46,17 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     if not scan_landing(landing):
         from dgx_assets.generation.prompts import write_demo_prompts
 
-        counts = seed_landing(landing, batches=batches, limit=limit)
+        counts = seed_landing(landing, batches=batches, limit=limit, production_share=PRODUCTION_SHARE)
         write_demo_prompts(env.prompts_uri)
         print(f"Seeded {sum(counts.values())} ELPV images into {landing} ({len(counts)} batches)")
-    ready = [name for name, state in scan_landing(landing).items() if state.complete]
+    landed = {name: state for name, state in scan_landing(landing).items() if state.complete}
+    ready = list(landed)
 
     defs = code_location()
     generator = _build_generator_in_background((defs.resources or {})["ernie"])
     instance = dg.DagsterInstance.get()  # DAGSTER_HOME: the repository's dagster.yaml, so the UI shows these runs
     instance.add_dynamic_partitions(IMAGE_BATCHES, ready)
-    per_batch, whole = demo_selection(defs)
+    per_batch, production, whole = demo_selection(defs)
     job = defs.resolve_implicit_global_asset_job_def()
 
     outcome = _DemoOutcome()
@@ -68,10 +72,13 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
 
         for batch in ready:
             run(f"batch {batch}", partition_key=batch, asset_selection=per_batch)
-        result = run("whole-dataset assets", asset_selection=whole)
         report_key = dg.AssetKey("quality_report")
-        if not result.asset_materializations_for_node("quality_report") and report_key in whole:
-            # A gate stopped the run before the report: make the report anyway, it says what held things back.
+        run("whole-dataset assets", asset_selection=[key for key in whole if key != report_key])
+        # The champion is known now: the line's batches are scored by it, judged for drift and queued for people.
+        scored = [batch for batch in ready if landed[batch].production_files]
+        for batch in scored:
+            run(f"production batch {batch}", partition_key=batch, asset_selection=production)
+        if report_key in whole:  # last, in a run of its own: it sums up every run before it, held back or not
             run("quality report", asset_selection=[report_key])
         if generator is not None:
             generator.join()  # the build has its own time cap; never leave it running behind the demo
@@ -89,6 +96,9 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     print(f"MLflow store: {env.mlflow_tracking_uri}  (make mlflow-ui, then {env.mlflow_ui_url})")
     print(f"Dagster UI with these runs: make dev, then {env.dagster_ui_url}")
     print(f"Full event log: {log_path}")
+    for batch in scored:
+        for line in production_lines(instance, batch):
+            print(line)
     for gate in outcome.gates:
         print(f"Quality gate held back what follows it: {gate}")
     if outcome.errors:
@@ -97,8 +107,10 @@ def run_demo(limit: int | None = None, batches: int = 3, verbose: bool = False) 
     return 0
 
 
-def demo_selection(defs) -> tuple[list, list]:
-    """The asset keys `make demo` materializes: those of one batch (run per batch), then the whole-dataset ones.
+def demo_selection(defs) -> tuple[list, list, list]:
+    """The asset keys `make demo` materializes: those of one batch (run per batch), those that score a batch with
+    the champion (the `production` group, run per batch with production images once a champion exists), then
+    the whole-dataset ones.
 
     Assets tagged dgx/optional (hyperparameter_search: an extra, and long) are materialized by hand, not here;
     an asset that depends on one (trained_model) runs without it."""
@@ -108,8 +120,43 @@ def demo_selection(defs) -> tuple[list, list]:
         for key in graph.get_all_asset_keys()
         if graph.get(key).is_materializable and graph.get(key).tags.get("dgx/optional") != "true"
     ]
-    per_batch = [key for key in keys if graph.get(key).partitions_def is not None]
-    return per_batch, [key for key in keys if graph.get(key).partitions_def is None]
+    partitioned = [key for key in keys if graph.get(key).partitions_def is not None]
+    production = [key for key in partitioned if graph.get(key).group_name == PRODUCTION_GROUP]
+    whole = [key for key in keys if graph.get(key).partitions_def is None]
+    return [key for key in partitioned if key not in production], production, whole
+
+
+def production_lines(instance, batch: str) -> list[str]:
+    """What `make demo` prints of a scored batch: the champion's figures, the drift verdict and the queue."""
+    import dagster as dg
+
+    from dgx_assets.production.drift import DRIFT_CHECK
+
+    def latest(asset: str):
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[batch]), limit=1
+        ).records
+        return records[0].asset_materialization.metadata if records and records[0].asset_materialization else None
+
+    scored = latest("defect_predictions")
+    if scored is None:
+        return [f"Production batch {batch}: not scored (no champion yet)"]
+    rate = scored["predicted_defect_rate"].value
+    lines = [
+        f"Production batch {batch}: {scored['dagster/row_count'].value} images scored by {scored['model_version'].value}, "
+        + (f"{rate:.1%} predicted defective" if rate is not None else "no positive class")
+    ]
+    key = dg.AssetCheckKey(dg.AssetKey("defect_predictions"), DRIFT_CHECK)
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=20):
+        evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
+        if record.partition == batch and isinstance(evaluation, dg.AssetCheckEvaluation):
+            lines.append(f"  {evaluation.description}")
+            break
+    queue = latest("review_queue")
+    if queue is not None and queue["tasks"].value:
+        lines.append(f"  review queue: {queue['tasks'].value} images for people, {queue['label_studio_tasks'].value}")
+        lines.append(f"  labels back: {queue['import_labels'].value.strip('`')}")
+    return lines
 
 
 def _build_generator_in_background(ernie) -> threading.Thread | None:
