@@ -1,14 +1,16 @@
 """`make e2e`: Debian's chromium, driven by Playwright, walks what a user opens after a "Materialize all" whose
 parity gate holds the model back: the asset graph (every asset visible), an asset page with its MLflow links,
 champion_model's page reading "held back" with the reason, the quality report opened over http from Dagster's
-metadata (its Chinese prompts drawn with CJK glyphs), every MLflow link in the model-training view, and GE's data
-docs over http, all offline. Screenshots of each are kept under `.dgx/screenshots/` (CI keeps them as artifacts).
+metadata (its Chinese prompts drawn with CJK glyphs, its production section's saliency pictures), every MLflow
+link in the model-training view, and GE's data docs over http, all offline. Screenshots of each are kept under
+`.dgx/screenshots/` (CI keeps them as artifacts).
 
 Builds what it needs quickly and for real: two small landing batches, raw_images with its GE checks and
 image_features per batch, then the whole-dataset assets in one run on the instance `dagster dev` serves: a tiny
 trained_model, an edge_model whose preprocessing does not match training (so its parity gate fails), champion_model's
-decision, images from the bilingual demo prompts (the quick stand-in generator), and the report. The docs server
-runs as `make dev` starts it.
+decision, images from the bilingual demo prompts (the quick stand-in generator), and the report. The held-back
+version is then promoted by hand, a batch without labels is scored and queued, and the report made again. The docs
+server runs as `make dev` starts it.
 """
 
 import os
@@ -31,6 +33,7 @@ CHROMIUM = os.environ.get("DGX_CHROMIUM") or shutil.which("chromium") or shutil.
 SCREENSHOTS = Path(os.environ.get("DGX_SCREENSHOTS") or REPO / ".dgx" / "screenshots")
 BATCHES = ("b0", "b1")
 LOCAL = ("http://127.0.0.1", "data:", "blob:", "about:")  # all a page may ask for: no file://, no internet
+PRODUCTION = "line-7"  # a batch from the line: images without a label folder
 WHOLE = ("trained_model", "edge_model", "champion_model", "ernie_generated_images", "quality_report")
 
 
@@ -88,7 +91,32 @@ def _materialize(instance, generator: Path) -> dg.ExecuteInProcessResult:
     assert all(whole.asset_materializations_for_node(name) for name in WHOLE)
     decision = whole.asset_materializations_for_node("champion_model")[0].metadata
     assert decision["decision"].value == "held back", decision
+    _score_a_production_batch(instance, job, features)
     return whole
+
+
+def _score_a_production_batch(instance, job, features: dict) -> None:
+    """A person promotes the held-back version by hand in MLflow; then a batch lands from the line without labels
+    and is scored, queued with its Grad-CAM pictures, and the report made again."""
+    import numpy as np
+    from mlflow import MlflowClient
+
+    from dgx_assets import settings
+
+    client = MlflowClient(settings.environment().mlflow_tracking_uri)
+    candidate = client.get_model_version_by_alias("dgx_defect_classifier", "candidate")
+    client.set_registered_model_alias("dgx_defect_classifier", "champion", candidate.version)
+    rng = np.random.default_rng(11)
+    line = Path(settings.environment().landing_uri) / PRODUCTION
+    line.mkdir(parents=True)
+    for index in range(24):
+        (line / f"camera{index:03d}.png").write_bytes(png(synthetic_cell(rng, rng.random() < 0.3)))
+    instance.add_dynamic_partitions("image_batches", [PRODUCTION])
+    keys = [dg.AssetKey(name) for name in ("raw_images", "image_features", "defect_predictions", "review_queue")]
+    config = {"ops": {"image_features": {"config": features}, "review_queue": {"config": {"size": 6}}}}
+    scored = job.execute_in_process(instance=instance, partition_key=PRODUCTION, asset_selection=keys, run_config=config)
+    assert scored.asset_materializations_for_node("review_queue")[0].metadata["tasks"].value == 6
+    assert job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("quality_report")]).success
 
 
 @pytest.fixture
@@ -234,7 +262,19 @@ def _report(page, dagster_ui: str, docs_url: str) -> dict[str, str]:
     decided = page.locator("#decision a").first.get_attribute("href")
     assert decided.startswith(f"{dagster_ui}/runs/")  # the run that made the decision, not a report-only run
     _cjk_glyphs(page)
+    _production(page)
     return hrefs
+
+
+def _production(page) -> None:
+    """The production section: the line's batch scored, and its review queue's saliency pictures drawn."""
+    page.locator("#production").scroll_into_view_if_needed()
+    assert PRODUCTION in page.inner_text("#production-1")
+    pictures = page.locator("figure.review img.saliency")
+    assert pictures.count() >= 1
+    pictures.first.scroll_into_view_if_needed()
+    assert pictures.first.evaluate("img => img.complete && img.naturalWidth > 0"), "the saliency picture did not render"
+    page.screenshot(path=str(SCREENSHOTS / "7-report-production.png"))
 
 
 def _cjk_glyphs(page) -> None:
