@@ -18,30 +18,14 @@ drawn like the reference (goal at most 0.02 at alpha 0.01) and the power on 100 
 
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np
 
 from bench.common import Report, check, interleaved, main
+from tests.support.synthetic_embeddings import BATCH, DIMS, Source
 
 NAME = "drift"
-DIMS, FACTORS, NOISE = 1280, 16, 0.25
-BATCH = 60
-
-
-class Source:
-    """Embeddings = mean + factors @ loadings + noise, fixed by the seed (as in tests/unit/production/test_drift.py)."""
-
-    def __init__(self, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        weights = 3.0 / np.sqrt(1 + np.arange(FACTORS))
-        self.loadings = rng.normal(0, 8 / math.sqrt(DIMS), (FACTORS, DIMS)) * weights[:, None]
-        self.mean = np.abs(rng.normal(0.2, 0.3, DIMS))
-
-    def draw(self, rows: int, rng: np.random.Generator, shift: np.ndarray | float = 0.0) -> np.ndarray:
-        factors = rng.normal(0, 1, (rows, FACTORS))
-        return (self.mean + factors @ self.loadings + rng.normal(0, NOISE, (rows, DIMS)) + shift).astype(np.float32)
 
 
 def evidently_model_method(reference: np.ndarray, current: np.ndarray) -> tuple[float, bool]:
