@@ -20,8 +20,9 @@ def test_trained_model_declares_the_search_it_may_read():
 
 
 def test_make_demo_leaves_the_optional_search_out_and_still_trains():
-    per_batch, whole = demo_selection(defs)
+    per_batch, production, whole = demo_selection(defs)
     assert _names(per_batch) == {"raw_images", "image_features"}
+    assert _names(production) == {"defect_predictions", "review_queue"}  # run once a champion exists
     assert _names(whole) == {
         "trained_model", "challenger_model", "edge_model", "champion_model", "ernie_generated_images", "quality_report",
     }  # fmt: skip
@@ -30,6 +31,6 @@ def test_make_demo_leaves_the_optional_search_out_and_still_trains():
     assert _names(job.get_subset(asset_selection=set(whole)).asset_selection) == _names(whole)
 
 
-def test_the_landing_sensor_job_selects_exactly_the_ingest_assets():
+def test_the_landing_sensor_job_selects_exactly_the_ingest_and_scoring_assets():
     selected = ingest_batch_job.selection.resolve(defs.resolve_asset_graph())
-    assert _names(selected) == {"raw_images", "image_features"}
+    assert _names(selected) == {"raw_images", "image_features", "defect_predictions", "review_queue"}

@@ -49,7 +49,7 @@ def test_expected_asset_keys_and_groups():
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
     assert "raw_images" in keys
-    # The lineage graph's groups are the pipeline's five stages, not a group per asset.
+    # The lineage graph's groups are the pipeline's six stages, not a group per asset.
     groups = {key.to_user_string(): graph.get(key).group_name for key in graph.get_all_asset_keys()}
     assert groups == {
         "raw_images": "ingest",
@@ -61,6 +61,8 @@ def test_expected_asset_keys_and_groups():
         "champion_model": "edge",
         "ernie_generated_images": "generation",
         "quality_report": "reporting",
+        "defect_predictions": "production",
+        "review_queue": "production",
     }
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
