@@ -195,3 +195,12 @@ def test_label_studio_exports_of_the_tasks_come_back_as_records_of_the_right_ima
     assert read.problems == []
     assert {(record.sha256, record.label) for record in read.records} == set(labels.items())
     assert {record.path for record in read.records} == {t["data"]["path"] for t in tasks if t["data"]["sha256"] in labels}
+
+
+def test_the_import_command_names_a_batch_import_labels_accepts():
+    from dgx_assets.labels.importer import SAFE_NAME
+
+    for batch in ("lot#1", "a b", "100%", "é", "..", ".hidden", "line-3"):
+        name = review.import_command(batch).rsplit(" ", 1)[-1]
+        assert SAFE_NAME.fullmatch(name), (batch, name)
+    assert review.import_command("line-3") == "dgx-assets import-labels EXPORT.json --batch line-3"
