@@ -239,13 +239,10 @@ _MODELS_LOCK = threading.Lock()
 
 def _worker_model(job: ScoringJob) -> Any:
     """The Keras model of the job's bytes, loaded once per Python worker (Spark reuses workers across tasks)."""
-    import keras
+    from dgx_assets.training.model import model_from_bytes
 
     with _MODELS_LOCK:
         if job.model_sha256 not in _MODELS:
-            with tempfile.TemporaryDirectory(prefix="champion-") as folder:
-                path = Path(folder) / "model.keras"
-                path.write_bytes(job.model.value)
-                _MODELS.clear()  # one champion at a time: an older version's weights are not kept alive
-                _MODELS[job.model_sha256] = keras.models.load_model(path, compile=False)
+            _MODELS.clear()  # one champion at a time: an older version's weights are not kept alive
+            _MODELS[job.model_sha256] = model_from_bytes(job.model.value, compile=False)
         return _MODELS[job.model_sha256]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import pickle
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +51,7 @@ from dgx_assets.training.dataset import (
 )
 from dgx_assets.training.distributed_job import CHIEF, DistributedTrainingError, TrainingJob, WorkerReport
 from dgx_assets.training.distributed_task import barrier_task
+from dgx_assets.training.model import model_from_bytes
 from dgx_assets.training.train import EpochCallback, TrainingResult
 
 
@@ -158,7 +158,7 @@ def train_on_spark(
     reports = [pickle.loads(payload) for payload in rdd.repartition(1).collect()]
 
     chief = next(report for report in reports if report["worker"].index == CHIEF)
-    model = _load_model(chief["model"])
+    model = model_from_bytes(chief["model"])
     for epoch in chief["epochs"]:  # the workers' epochs reach MLflow once the stage is done
         if on_epoch_end:
             on_epoch_end(epoch, {key: values[chief["epochs"].index(epoch)] for key, values in chief["history"].items()})
@@ -210,12 +210,3 @@ def _one_task_per_gpu_executor(sc: Any) -> Any:
     cores = int(conf.get("spark.executor.cores", "1"))
     gpus = int(float(conf.get("spark.executor.resource.gpu.amount")))
     return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cores).resource("gpu", gpus)).build
-
-
-def _load_model(data: bytes) -> Any:
-    import keras
-
-    with tempfile.TemporaryDirectory(prefix="dgx-model-") as folder:
-        path = Path(folder) / "model.keras"
-        path.write_bytes(data)
-        return keras.models.load_model(path)

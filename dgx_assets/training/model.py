@@ -121,6 +121,19 @@ def embedding_model(classifier: Any) -> Any:
     return keras.Model(classifier.inputs, classifier.get_layer(EMBEDDING_LAYER).output)
 
 
+def model_from_bytes(data: bytes, compile: bool = True) -> Any:
+    """A `.keras` file's bytes as a model (what travels between processes: Spark tasks, broadcasts, MLflow)."""
+    import tempfile
+
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="dgx-model-") as folder:
+        path = os.path.join(folder, "model.keras")
+        with open(path, "wb") as out:
+            out.write(data)
+        return keras.models.load_model(path, compile=compile)
+
+
 def load_embedding_model(source: str, input_shape: tuple[int, int, int]) -> Any:
     """An embedding model: ``efficientnet_lite0`` (the packaged ImageNet weights), a saved classifier
     (``.keras``, cut at its pooled features) or an EfficientNet-Lite0 weights file (``.pth``)."""

@@ -34,6 +34,7 @@ def review_queue(
     context: dg.AssetExecutionContext, config: ReviewQueueConfig, lake: LakeResource, mlflow: MlflowResource
 ) -> dg.MaterializeResult:
     from dgx_assets.production.scoring import download_model, registered_version
+    from dgx_assets.training.model import model_from_bytes
 
     tracking_uri = mlflow.tracking_config().tracking_uri
     loaded: dict = {}
@@ -41,16 +42,8 @@ def review_queue(
     def model_of(name: str, version: str):
         """The scoring version's Keras model, loaded once per run (a backfill's batches share it)."""
         if (name, version) not in loaded:
-            import tempfile
-            from pathlib import Path
-
-            import keras
-
             champion = registered_version(tracking_uri, name, version)
-            with tempfile.TemporaryDirectory(prefix="review-queue-") as folder:
-                path = Path(folder) / "model.keras"
-                path.write_bytes(download_model(tracking_uri, champion))
-                loaded[(name, version)] = champion, keras.models.load_model(path, compile=False)
+            loaded[(name, version)] = champion, model_from_bytes(download_model(tracking_uri, champion), compile=False)
         return loaded[(name, version)]
 
     return materialize_batches(
