@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from dgx_assets.tracking.registry import CHAMPION_ALIAS
 from dgx_assets.training.decision import Decision, decide, positive_index
+from dgx_assets.training.features import tensor_from_row
 
 PREDICTIONS_TABLE = "defect_predictions"
 PREDICTIONS_SCHEMA = pa.schema(
@@ -218,7 +219,7 @@ def scored_rows(model: Any, rows: pa.Table, champion: Champion, scored_at: dt.da
             f"image_features tensors are {list(shape)}, the champion v{champion.version} takes {list(expected)}: "
             "re-materialize image_features with the champion's image size and channels"
         )
-    tensors = np.stack([np.frombuffer(blob, dtype=np.uint8).reshape(shape) for blob in rows.column("tensor").to_pylist()])
+    tensors = np.stack([tensor_from_row(blob, shape) for blob in rows.column("tensor").to_pylist()])
     count = rows.num_rows
     columns = {name: rows.column(name).combine_chunks() for name in ("sha256", "path", "batch", "label")}
     return pa.RecordBatch.from_pydict(

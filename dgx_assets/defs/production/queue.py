@@ -123,13 +123,12 @@ def _model_inputs(store, batch: str, sha256s: list[str]):
     from pyiceberg.expressions import And, EqualTo, In
 
     from dgx_assets.lake.files import PARTITION_COLUMN
+    from dgx_assets.training.features import tensor_from_row
 
     rows = store.tables.scan(
         "image_features",
         ["sha256", "tensor", "tensor_shape"],
         And(EqualTo(PARTITION_COLUMN, batch), In("sha256", sha256s)),  # pyright: ignore[reportCallIssue]
     ).to_pylist()
-    tensors = {
-        row["sha256"]: np.frombuffer(row["tensor"], np.uint8).reshape(row["tensor_shape"]) for row in rows if row["tensor"]
-    }
+    tensors = {row["sha256"]: tensor_from_row(row["tensor"], row["tensor_shape"]) for row in rows if row["tensor"]}
     return np.stack([tensors[sha] for sha in sha256s]).astype(np.float32)
