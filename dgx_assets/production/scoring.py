@@ -76,6 +76,11 @@ class Champion:
         return positive_index(self.class_names)
 
     @property
+    def positive_class(self) -> str | None:
+        """The class defect_probability is the probability of (None for more than two classes)."""
+        return self.class_names[self.positive] if self.positive is not None else None
+
+    @property
     def model_uri(self) -> str:
         return f"models:/{self.model_name}/{self.version}"
 

@@ -58,7 +58,7 @@ def _judge_batch(lake: LakeResource, tracking_uri: str, batch: str) -> dg.AssetC
             f"drift (at least {MIN_ROWS} each)",
         )
     drift = judge_embedding_drift(reference.embeddings, current)
-    positive = champion.class_names[champion.positive] if champion.positive is not None else None
+    positive = champion.positive_class
     prevalence = reference.prevalence(positive)
     # Recorded beside the verdict, not part of it: a line can make more defects without its images changing.
     outcome = (

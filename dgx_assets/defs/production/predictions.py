@@ -77,7 +77,7 @@ def _score_batch(context, batch: str, champion, model_bytes: bytes, spark, lake,
         EqualTo(PARTITION_COLUMN, batch),  # pyright: ignore[reportCallIssue]
         snapshot_id,
     )
-    positive = champion.class_names[champion.positive] if champion.positive is not None else None
+    positive = champion.positive_class
     figures = scored_batch(rows.to_pydict() if rows is not None else {}, positive)
     rate = figures.predicted_defect_rate
     context.log.info(
