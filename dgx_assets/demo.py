@@ -130,6 +130,7 @@ def production_lines(instance, batch: str) -> list[str]:
     """What `make demo` prints of a scored batch: the champion's figures, the drift verdict and the queue."""
     import dagster as dg
 
+    from dgx_assets.partitions import latest_check_evaluations
     from dgx_assets.production.drift import DRIFT_CHECK
 
     def latest(asset: str):
@@ -146,12 +147,9 @@ def production_lines(instance, batch: str) -> list[str]:
         f"Production batch {batch}: {scored['dagster/row_count'].value} images scored by {scored['model_version'].value}, "
         + (f"{rate:.1%} predicted defective" if rate is not None else "no positive class")
     ]
-    key = dg.AssetCheckKey(dg.AssetKey("defect_predictions"), DRIFT_CHECK)
-    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=20):
-        evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
-        if record.partition == batch and isinstance(evaluation, dg.AssetCheckEvaluation):
-            lines.append(f"  {evaluation.description}")
-            break
+    drift = latest_check_evaluations(instance, dg.AssetCheckKey(dg.AssetKey("defect_predictions"), DRIFT_CHECK)).get(batch)
+    if drift is not None:
+        lines.append(f"  {drift[0].description}")
     queue = latest("review_queue")
     if queue is not None and queue["tasks"].value:
         lines.append(f"  review queue: {queue['tasks'].value} images for people, {queue['label_studio_tasks'].value}")

@@ -82,3 +82,18 @@ def check_each_batch(
             )
         },
     )
+
+
+def latest_check_evaluations(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, limit: int = 200
+) -> dict[str | None, tuple[dg.AssetCheckEvaluation, float]]:
+    """Partition (None for an unpartitioned check) -> its latest evaluation and when it was made, among the check's
+    last `limit` executions. Planned or running executions have none yet and are passed over. The time is the
+    evaluation event's own: an execution record's create_timestamp has whole seconds only."""
+    latest: dict[str | None, tuple[dg.AssetCheckEvaluation, float]] = {}
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=limit):
+        event = record.event
+        evaluation = event.dagster_event.event_specific_data if event and event.dagster_event else None
+        if event is not None and isinstance(evaluation, dg.AssetCheckEvaluation):
+            latest.setdefault(record.partition, (evaluation, event.timestamp))
+    return latest

@@ -17,6 +17,7 @@ from dgx_assets.generation import table as generated_table
 from dgx_assets.ingest import tables
 from dgx_assets.lake.store import Lake
 from dgx_assets.metadata import fix_of, thresholds
+from dgx_assets.partitions import latest_check_evaluations
 from dgx_assets.reporting.verdict import CheckOutcome
 
 IMAGE_STATISTICS = ("brightness", "contrast", "sharpness")
@@ -63,13 +64,8 @@ def check_outcomes(instance, check_keys) -> list[CheckOutcome]:
     """The latest result of every check, per partition for partitioned checks."""
     outcomes = []
     for key in check_keys:
-        latest: dict[str | None, Any] = {}  # partition -> its latest AssetCheckEvaluation
-        for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=200):
-            evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
-            if evaluation is None or not hasattr(evaluation, "passed"):
-                continue  # planned or still running
-            latest.setdefault(record.partition, evaluation)
-        for partition, evaluation in sorted(latest.items(), key=lambda item: item[0] or ""):
+        latest = latest_check_evaluations(instance, key)
+        for partition, (evaluation, _) in sorted(latest.items(), key=lambda item: item[0] or ""):
             metadata = {name: getattr(value, "value", value) for name, value in (evaluation.metadata or {}).items()}
             found, fix = found_and_fix(bool(evaluation.passed), evaluation.description or "", metadata)
             outcomes.append(

@@ -10,6 +10,7 @@ from dgx_assets import settings
 from dgx_assets.defs.ingest.assets import LABELLED_IMAGES
 from dgx_assets.defs.model.schedules import retrain_job
 from dgx_assets.labels.importer import is_label_batch
+from dgx_assets.partitions import latest_check_evaluations
 from dgx_assets.production.drift import DRIFT_CHECK
 
 DRIFT_KEY = dg.AssetCheckKey(dg.AssetKey("defect_predictions"), DRIFT_CHECK)
@@ -36,16 +37,9 @@ def _labelled_batches_since(instance: dg.DagsterInstance, since: float) -> list[
 
 
 def _drifted_since(instance: dg.DagsterInstance, since: float) -> list[str]:
-    """Batches whose latest embedding_drift result after `since` failed."""
-    latest: dict[str, bool] = {}
-    for record in instance.event_log_storage.get_asset_check_execution_history(DRIFT_KEY, limit=200):
-        evaluation = record.event.dagster_event.event_specific_data if record.event and record.event.dagster_event else None
-        # The evaluation event's own time: the record's create_timestamp has whole seconds only.
-        if not isinstance(evaluation, dg.AssetCheckEvaluation) or record.partition is None or record.event is None:
-            continue  # planned or still running
-        if record.event.timestamp >= since:
-            latest.setdefault(record.partition, evaluation.passed)
-    return sorted(batch for batch, passed in latest.items() if not passed)
+    """Batches whose latest embedding_drift result, made after `since`, failed."""
+    latest = latest_check_evaluations(instance, DRIFT_KEY)
+    return sorted(batch for batch, (evaluation, at) in latest.items() if batch and at >= since and not evaluation.passed)
 
 
 # Requests the retraining job when imported labels landed, or drift was flagged and new labels exist; rate-limited.
