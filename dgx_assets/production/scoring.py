@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from dgx_assets.tracking.registry import CHAMPION_ALIAS
 from dgx_assets.training.decision import Decision, decide, positive_index
-from dgx_assets.training.features import tensor_from_row
+from dgx_assets.training.features import tensor_from_row, traced_forward
 
 PREDICTIONS_TABLE = "defect_predictions"
 PREDICTIONS_SCHEMA = pa.schema(
@@ -120,19 +120,39 @@ def registered_version(tracking_uri: str, model_name: str, version: str) -> Cham
 def download_model(tracking_uri: str, champion: Champion) -> bytes:
     """The version's Keras file, as bytes (what the executors get)."""
     from mlflow.artifacts import download_artifacts
+    from mlflow.tracking import MlflowClient
 
+    # MLflow 3.17 resolves a models:/ URI in the process-wide registry, whatever registry_uri says: the
+    # version's artifact location is looked up here, in the store asked about.
+    location = MlflowClient(tracking_uri).get_model_version_download_uri(champion.model_name, champion.version)
     with tempfile.TemporaryDirectory(prefix="champion-") as folder:
-        local = download_artifacts(artifact_uri=champion.model_uri, dst_path=folder, tracking_uri=tracking_uri)
+        local = download_artifacts(artifact_uri=location, dst_path=folder, tracking_uri=tracking_uri)
         path = Path(local) / MODEL_ARTIFACT
         if not path.is_file():
             raise FileNotFoundError(f"{champion.model_uri} has no {MODEL_ARTIFACT}: it was not logged by trained_model")
         return path.read_bytes()
 
 
-def probabilities(model: Any, tensors: np.ndarray) -> np.ndarray:
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A version's Keras model in a worker, with its inference call traced once."""
+
+    keras: Any
+    forward: Any  # traced_forward(keras)
+
+    @classmethod
+    def of(cls, keras_model: Any) -> LoadedModel:
+        return cls(keras_model, traced_forward(keras_model))
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.keras.input_shape[1:])
+
+
+def probabilities(model: LoadedModel, tensors: np.ndarray) -> np.ndarray:
     """Class probabilities of uint8 (n, height, width, channels) model inputs, PREDICT_ROWS images per call."""
     parts = [
-        np.asarray(model(tensors[start : start + PREDICT_ROWS].astype(np.float32), training=False))
+        np.asarray(model.forward(tensors[start : start + PREDICT_ROWS].astype(np.float32)))
         for start in range(0, len(tensors), PREDICT_ROWS)
     ]
     return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
@@ -212,13 +232,13 @@ def score_row_groups(groups: list[tuple[str, int, int]], job: ScoringJob) -> Ite
             yield scored_rows(model, rows, job.champion, job.scored_at)
 
 
-def scored_rows(model: Any, rows: pa.Table, champion: Champion, scored_at: dt.datetime) -> pa.RecordBatch:
+def scored_rows(model: LoadedModel, rows: pa.Table, champion: Champion, scored_at: dt.datetime) -> pa.RecordBatch:
     """PREDICTIONS_SCHEMA rows for image_features rows (FEATURE_COLUMNS)."""
     shapes = {tuple(shape) for shape in rows.column("tensor_shape").to_pylist()}
     if len(shapes) != 1:
         raise ValueError(f"image_features rows of different tensor shapes {sorted(shapes)} in one row group")
     shape = shapes.pop()
-    expected = tuple(int(d) for d in model.input_shape[1:])
+    expected = model.input_shape
     if shape != expected:
         raise ValueError(
             f"image_features tensors are {list(shape)}, the champion v{champion.version} takes {list(expected)}: "
@@ -239,16 +259,17 @@ def scored_rows(model: Any, rows: pa.Table, champion: Champion, scored_at: dt.da
     )
 
 
-_MODELS: dict[str, Any] = {}
+_MODELS: dict[str, LoadedModel] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def _worker_model(job: ScoringJob) -> Any:
-    """The Keras model of the job's bytes, loaded once per Python worker (Spark reuses workers across tasks)."""
+def _worker_model(job: ScoringJob) -> LoadedModel:
+    """The Keras model of the job's bytes, loaded and traced once per Python worker (Spark reuses workers across
+    tasks)."""
     from dgx_assets.training.model import model_from_bytes
 
     with _MODELS_LOCK:
         if job.model_sha256 not in _MODELS:
             _MODELS.clear()  # one champion at a time: an older version's weights are not kept alive
-            _MODELS[job.model_sha256] = model_from_bytes(job.model.value, compile=False)
+            _MODELS[job.model_sha256] = LoadedModel.of(model_from_bytes(job.model.value, compile=False))
         return _MODELS[job.model_sha256]
