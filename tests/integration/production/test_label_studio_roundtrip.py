@@ -1,7 +1,8 @@
 """The review queue through a real Label Studio and back: the queue written from raw_images' bytes and served by
 the docs server, a Label Studio on 127.0.0.1 given its config and tasks through label-studio-sdk, the tasks
-annotated through the API, and its JSON, JSON_MIN and CSV exports read by import-labels' reader and matched to
-the lake's images by its importer.
+annotated through the API, its JSON, JSON_MIN and CSV exports read by import-labels' reader and matched to the
+lake's images by its importer, and one of them taken back by `dgx-assets import-labels` as a new labelled landing
+batch that the landing sensor's listing sees complete.
 
 Label Studio is not a dependency of the project (it pins its own Django and friends): it runs from its own venv,
 DGX_LABEL_STUDIO (`make test` installs it into .dgx/label-studio/ and sets it), and so does the sdk, in
@@ -10,6 +11,7 @@ label_studio_client.py beside this file. A missing install fails the test: a ski
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -23,6 +25,8 @@ from support.docs_server import docs_server
 from support.review_queue import CLASSES, build_queue_lake
 from support.waiting import wait_for
 
+from dgx_assets import cli
+from dgx_assets.ingest.landing import scan_landing
 from dgx_assets.labels.exports import read_export
 from dgx_assets.labels.importer import index_lake, plan
 from dgx_assets.lake.store import Lake
@@ -94,7 +98,7 @@ def annotate_and_export(url: str, token: str, queue: Path, labels: dict, skipped
     return json.loads(done.stdout)
 
 
-def test_label_studio_takes_the_queue_and_its_exports_come_back_as_the_right_records(label_studio, tmp_path):
+def test_label_studio_takes_the_queue_and_its_exports_come_back_as_a_labelled_batch(label_studio, tmp_path, capsys):
     ls_url, token = label_studio
     queue_lake = build_queue_lake(tmp_path / "lake", "lot#1 é", [0.9, 0.42, 0.3, 0.05, 0.55, 0.39])
     lake = Lake(str(queue_lake.root))
@@ -124,3 +128,17 @@ def test_label_studio_takes_the_queue_and_its_exports_come_back_as_the_right_rec
         assert {(record.sha256, record.label) for record in export.records} == set(expected.items()), kind
         planned, problems = plan(export.records, index)  # what `dgx-assets import-labels` would import
         assert problems == [] and {item.image.sha256: item.label for item in planned} == expected, kind
+
+    # The command a reviewer runs (the report prints it): the export becomes `<NAME>-labels-<time>/<label>/<file>`,
+    # the lake's own bytes of each image, complete when it appears.
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    command = ["import-labels", report["exports"]["JSON"], "--batch", "line-review"]
+    assert cli.main(command + ["--lake", str(queue_lake.root), "--landing", str(landing)]) == 0, capsys.readouterr().err
+    (batch,) = os.listdir(landing)
+    landed = {path.relative_to(landing / batch): path.read_bytes() for path in (landing / batch).rglob("*") if path.is_file()}
+    assert {(path.parent.name, hashlib.sha256(data).hexdigest()) for path, data in landed.items()} == {
+        (label, sha256) for sha256, label in expected.items()
+    }
+    state = scan_landing(str(landing))[batch]
+    assert batch.startswith("line-review-labels-") and state.complete and state.files == len(expected)
