@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import REPO, Report, main, work_dir
-from dgx_assets.training.decision import VIEW_GROUPS
+from dgx_assets.training.decision import VIEW_GROUPS, positive_index
 
 NAME = "model_cv"
 EXPERIMENT = "dgx_assets_model_cv"
@@ -53,6 +53,8 @@ class FoldResult:
     threshold: float | None  # trained_model's own (None unless the recipe tunes it)
     # Per set of dihedral views (VIEW_SETS): the mean test probabilities and the threshold chosen on validation.
     views: dict[str, tuple[np.ndarray, float]]
+    validation_labels: np.ndarray
+    validation: np.ndarray  # [view, image, class] probabilities of the 8 dihedral views of the validation split
     seconds: float
     best_epoch: int | None
     edge: dict = field(default_factory=dict)
@@ -212,6 +214,8 @@ def run_fold(fold: int, table, split: np.ndarray, train_config, workdir: Path, e
         probabilities,
         recipe.threshold,
         views,
+        labels_of("validation"),
+        validation,
         seconds,
         result.best_epoch,
         edge,
@@ -255,16 +259,22 @@ RAW_CONTENT: dict[str, bytes] = {}
 PROBABILITY: dict[str, float] = {}  # ELPV's expert defect probability per image
 
 
-def pooled(results: list[FoldResult], views: str | None = None, tuned: bool = True) -> dict:
+POSITIVE = positive_index(("defective", "functional"))  # ELPV's classes, as trained_model orders them
+
+
+def pooled(
+    results: list[FoldResult], views: str | None = None, tuned: bool = True, thresholds: list[float] | None = None
+) -> dict:
     """Pooled figures of one decision path: trained_model's own, or the mean over the view set `views` at each
-    fold's validation threshold (`tuned`) or at argmax."""
+    fold's validation threshold (`tuned`), at argmax, or at the given per-fold `thresholds`."""
     from dgx_assets.training import decision
     from dgx_assets.training.train import wilson_interval
 
     labels = np.concatenate([r.labels for r in results])
-    positive = decision.positive_index(["defective", "functional"])
     paths = [(r.probabilities, r.threshold) if views is None else r.views[views] for r in results]
-    decided = np.concatenate([decision.decide(p, threshold if tuned else None, positive) for p, threshold in paths])
+    if thresholds is not None:
+        paths = [(p, threshold) for (p, _), threshold in zip(paths, thresholds)]
+    decided = np.concatenate([decision.decide(p, threshold if tuned else None, POSITIVE) for p, threshold in paths])
     probabilities = np.concatenate([p for p, _ in paths])
     from sklearn.metrics import f1_score, roc_auc_score
 
@@ -274,7 +284,7 @@ def pooled(results: list[FoldResult], views: str | None = None, tuned: bool = Tr
         "accuracy": correct / len(labels),
         "ci95": [low, high],
         "macro_f1": float(f1_score(labels, decided, average="macro")),
-        "roc_auc": float(roc_auc_score(labels == positive, probabilities[:, positive])),
+        "roc_auc": float(roc_auc_score(labels == POSITIVE, probabilities[:, POSITIVE])),
         "images": len(labels),
     }
 
@@ -323,10 +333,27 @@ def run(report: Report, args) -> None:
     summarise(report, results, train_config, feature_config, time.perf_counter() - started, args)
 
 
+def threshold_ablation(results: list[FoldResult], name: str) -> dict:
+    """Two steadier thresholds for the view set `name` than each fold's own validation choice: one threshold
+    chosen on every fold's validation images pooled (still no test image seen), and each fold's shrunk halfway
+    toward 0.5."""
+    from dgx_assets.training import decision
+
+    subset = list(VIEW_SETS[name])
+    labels = np.concatenate([r.validation_labels for r in results])
+    probabilities = np.concatenate([r.validation[subset].mean(0) for r in results])
+    shared = decision.choose_threshold(labels, probabilities, POSITIVE)
+    return {
+        f"{name}_pooled_validation_threshold": pooled(results, name, thresholds=[shared] * len(results)) | {"threshold": shared},
+        f"{name}_threshold_shrunk_to_half": pooled(results, name, thresholds=[(r.views[name][1] + 0.5) / 2 for r in results]),
+    }
+
+
 def summarise(report: Report, results: list[FoldResult], train_config, feature_config, wall_s: float, args) -> None:
     figures = pooled(results)
     ablation = {f"{name}_argmax": pooled(results, name, tuned=False) for name in ("one_view", "eight_views")}
     ablation |= {f"{name}_threshold": pooled(results, name) for name in VIEW_SETS}
+    ablation |= threshold_ablation(results, RECIPE_VIEWS[train_config.test_time_views])
     edge = [r.edge for r in results if r.edge]
     formats = sorted({e["format"] for e in edge})
     edge_accuracy = sum(e["edge_correct"] for e in edge) / sum(e["images"] for e in edge) if edge else None
