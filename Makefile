@@ -91,8 +91,10 @@ bench-quick: $(VENV)/.installed
 	$(PY) -m bench.run_all --quick
 
 # Model quality: stratified 5-fold cross-validation over all 2,624 ELPV images (about 2 hours on 2 shared cores).
+# RECIPE=dgx measures the DGX recipe (training.config.NAMED_RECIPES); figures in .dgx/bench/model_cv-$(RECIPE).json.
+RECIPE ?= default
 bench-model: $(VENV)/.installed
-	$(PY) -m bench.model_cv
+	$(PY) -m bench.model_cv --recipe $(RECIPE)
 
 # Regenerates the lock from the current environment after a deliberate upgrade.
 lock:

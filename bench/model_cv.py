@@ -14,10 +14,11 @@ It runs the product's own path, not a copy of it:
   model, with calibration images from the fold's training split.
 
 Prints per-fold and pooled accuracy with a 95 % Wilson interval, macro-F1, ROC AUC, the edge format shipped
-and its pooled accuracy, and the wall time; writes them to `.dgx/bench/model_cv.json` and logs an MLflow run
-in the experiment `dgx_assets_model_cv` (`make mlflow-ui` shows it).
+and its pooled accuracy, and the wall time; writes them to `.dgx/bench/model_cv-<recipe>.json` and logs an
+MLflow run in the experiment `dgx_assets_model_cv` (`make mlflow-ui` shows it).
 
     python -m bench.model_cv                       # the default recipe, 5 folds
+    python -m bench.model_cv --recipe dgx          # the DGX recipe (training.config.NAMED_RECIPES)
     python -m bench.model_cv --set epochs=10       # a lever: any TrainConfig field
     python -m bench.model_cv --feature image_height=300 --feature image_width=300
     python -m bench.model_cv --quick               # 240 images, 2 folds, 1 epoch, one fold converted: a smoke run
@@ -42,7 +43,7 @@ NAME = "model_cv"
 EXPERIMENT = "dgx_assets_model_cv"
 GOAL_ACCURACY = 0.902  # above the best published ELPV figure we trust (90.1 %, ResNet-152 + GAN oversampling)
 SEED = 0
-OUTPUT_JSON = REPO / ".dgx" / "bench" / "model_cv.json"
+OUTPUT_DIR = REPO / ".dgx" / "bench"
 
 
 @dataclass
@@ -292,13 +293,12 @@ def pooled(
 def run(report: Report, args) -> None:
     import pyarrow.compute as pc
 
-    from dgx_assets.training.config import FeatureConfig, TrainConfig
+    from dgx_assets.training.config import NAMED_RECIPES, FeatureConfig, TrainConfig
 
     started = time.perf_counter()
     feature_config = FeatureConfig(**parse_settings(args.feature))
-    overrides = parse_settings(args.set)
-    if args.quick:
-        overrides = {"epochs": 1, **overrides}
+    # The recipe, one epoch for a smoke run, then any --set lever on top.
+    overrides = NAMED_RECIPES[args.recipe] | ({"epochs": 1} if args.quick else {}) | parse_settings(args.set)
     train_config = TrainConfig(**overrides)  # a wrong setting is refused here, named
     folds = 2 if args.quick else args.folds
     cache = work_dir(NAME)
@@ -376,14 +376,19 @@ def summarise(report: Report, results: list[FoldResult], train_config, feature_c
             for r in results
         ],
         "ablation": ablation,
-        "recipe": {"train": train_config.resolved().model_dump(), "features": feature_config.model_dump(), "label": args.label},
+        "recipe": {
+            "name": args.recipe,
+            "train": train_config.resolved().model_dump(),
+            "features": feature_config.model_dump(),
+            "label": args.label,
+        },
         "edge_format": formats[0] if len(formats) == 1 else formats,
         "edge_pooled_accuracy": edge_accuracy,
         "edge_folds": len(edge),
         "wall_s": round(wall_s, 1),
         "quick": bool(args.quick),
     }
-    out = Path(args.output)
+    out = Path(args.output or OUTPUT_DIR / f"model_cv-{args.recipe}{'.quick' if args.quick else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2, default=float) + "\n")
     for r in record["folds"]:
@@ -420,7 +425,7 @@ def log_to_mlflow(record: dict) -> None:
         mlflow.create_experiment(EXPERIMENT, artifact_location=default_artifact_location(uri))
     experiment = mlflow.set_experiment(EXPERIMENT)
     mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind", "custom_model_development")
-    with mlflow.start_run(run_name=record["recipe"]["label"] or "model_cv"):
+    with mlflow.start_run(run_name=record["recipe"]["label"] or f"model_cv {record['recipe']['name']}"):
         mlflow.log_params({f"train.{k}": v for k, v in record["recipe"]["train"].items()})
         mlflow.log_params({f"features.{k}": v for k, v in record["recipe"]["features"].items()})
         mlflow.log_metrics(
@@ -441,12 +446,15 @@ def log_to_mlflow(record: dict) -> None:
 
 
 def add_arguments(cli) -> None:
+    from dgx_assets.training.config import NAMED_RECIPES
+
+    cli.add_argument("--recipe", choices=sorted(NAMED_RECIPES), default="default", help="the trained_model recipe measured")
     cli.add_argument("--folds", type=int, default=5, help="stratified folds (default 5)")
     cli.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field (repeatable)")
     cli.add_argument("--feature", action="append", default=[], metavar="FIELD=VALUE", help="a FeatureConfig field (repeatable)")
     cli.add_argument("--no-edge", action="store_true", help="skip the edge format ladder on each fold model")
     cli.add_argument("--label", default="", help="a name for this recipe in the JSON and the MLflow run")
-    cli.add_argument("--output", default=str(OUTPUT_JSON), help=f"the JSON written (default {OUTPUT_JSON})")
+    cli.add_argument("--output", default=None, help=f"the JSON written (default {OUTPUT_DIR}/model_cv-<recipe>[.quick].json)")
 
 
 if __name__ == "__main__":

@@ -170,6 +170,14 @@ RECIPES = {
 }
 _APPLICATION_RECIPE = Recipe(epochs=20, learning_rate=1e-3, patience=5, warmup_epochs=3, schedule="plateau", class_weighting=True)
 
+# The two trained_model configurations the project measures and ships, as run-config overrides of TrainConfig:
+# `default` fits `make demo`'s 600 s on 2 CPU cores; `dgx` is what deploy/README.md's GPU run config sets. Each
+# is measured by cross-validation (`make bench-model RECIPE=<name>`, BENCHMARKS.md section 10).
+NAMED_RECIPES: dict[str, dict[str, int]] = {
+    "default": {},
+    "dgx": {"epochs": 7, "test_time_views": 8},
+}
+
 
 class TrainConfig(ModelConfig):
     """trained_model: the architecture plus how it is trained. Empty recipe fields come from RECIPES."""

