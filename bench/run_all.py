@@ -34,6 +34,7 @@ BENCHMARKS = (
     "serving",
     "ingest",
     "features",
+    "scoring",
     "png_saver",
     "generator_diversity",
     "end_to_end",
