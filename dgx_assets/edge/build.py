@@ -130,7 +130,9 @@ def most_common_size(widths: list, heights: list) -> tuple[int, int]:
     return sizes.most_common(1)[0][0]
 
 
-def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig) -> EdgeData:
+def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig, split: str = "test") -> EdgeData:
+    """Calibration images and the images parity is judged on: `split`'s (the test split; a sensitivity study
+    chooses on the validation split and judges on the test split)."""
     import pyarrow.dataset as pads
 
     raw_files = list(lake.tables.snapshot("raw_images").paths)
@@ -151,7 +153,7 @@ def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig)
     calibration_ids = calibration_ids[: settings.representative_samples]
 
     feature_files, feature_source = _feature_files(lake, trained.info)
-    test_filter = (pads.field("split") == "test") & (pads.field("feature_status") == "ok")
+    test_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
     features = (
         _dataset(lake, feature_files)
         .to_table(columns=["sha256", "label", "tensor", "tensor_shape"], filter=test_filter)
@@ -196,7 +198,7 @@ def load_edge_data(lake: Lake, trained: TrainedModel, settings: EdgeModelConfig)
         test_labels.append(trained.class_names.index(row["label"]))
     if not test_raw:
         raise EdgeBuildError(
-            f"no test image is in both raw_images and image_features ({dict(skipped)} skipped): "
+            f"no {split} image is in both raw_images and image_features ({dict(skipped)} skipped): "
             "materialize image_features for the ingested batches"
         )
     if settings.quantization in (convert.AUTO, "int8") and not representative:
