@@ -9,8 +9,8 @@ parity gate (`edge.parity`):
    validation split: the negative flips it saves are its sensitivity;
 3. the groups added to the float set one at a time, most sensitive first, until the gate passes on the
    validation split (at most --max-groups);
-4. that set judged once on the test split, with the gate's own criteria, and its file size against the float32
-   weights' (issue 43's goal: at most 0.35).
+4. that set (or the last one tried, when none passes) judged once on the test split, with the gate's own
+   criteria, and its file size against the float32 weights' (issue 43's goal: at most 0.35).
 
 Choosing on validation and judging on test keeps the test split out of the choice. Calibration is edge_model's:
 its `representative_samples` training images, ordered by content hash.
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import Report, check, main
+from bench.common import Report, main
 
 NAME = "int8_sensitivity"
 SIZE_GOAL = 0.35  # of the float32 weights: a full-integer network is about a quarter, plus its activations' tables
@@ -128,10 +128,14 @@ def run(report: Report, args) -> None:
         if passed:
             break
         chosen.append(name)
-        line = row(f"float: {', '.join(chosen)} (validation)", *judged([p for g in chosen for p in groups[g]], "validation"))
+        if len(chosen) == 1:
+            line = alone[name]  # measured above
+        else:
+            line = row(f"float: {', '.join(chosen)} (validation)", *judged([p for g in chosen for p in groups[g]], "validation"))
         passed = line["gate_passed"]
         report.figure(f"validation_float_{len(chosen)}_groups", {"groups": list(chosen), **line})
-    check(passed, f"no set of up to {args.max_groups} groups kept in float passed the gate on the validation split")
+    if not passed:  # a finding, not a failure: the test split's figures say how far int8 stays from the gate
+        report.note(f"no set of up to {args.max_groups} groups kept in float passed the gate on the validation split")
     figures, verdict, size = judged([p for g in chosen for p in groups[g]], "test")
     final = row(f"chosen ({', '.join(chosen) or 'full-integer'}) on the test split", figures, verdict, size)
     report.figure("test_chosen", {"groups": chosen, **final, "criteria": [dataclasses.asdict(c) for c in verdict.criteria]})
