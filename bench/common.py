@@ -228,6 +228,20 @@ def cpu_used(fn: Callable[[], object]) -> dict[str, float]:
     return {kind: round(after[kind] - before.get(kind, 0.0), 2) for kind in after if after[kind] - before.get(kind, 0.0) > 0.005}
 
 
+def record_sides(report: Report, timings: dict[str, Timing], sides: dict[str, Callable[[], object]], items: int) -> None:
+    """Each side's timing, the round-by-round ratio range of each baseline against the first side (the project's),
+    and the CPU seconds of one more run of each side, by kind of process, on the report."""
+    project, *baselines = sides
+    for side in sides:
+        report.figure(side, timings[side].to_dict(items))
+    for side in baselines:
+        low, high = ratio_spread(timings[side], timings[project])
+        report.figure(f"ratio_range_vs_{side}", [round(low, 3), round(high, 3)])
+    cpu = {side: cpu_used(fn) for side, fn in sides.items()}
+    report.figure("cpu_seconds_by_process", cpu)
+    print(f"CPU seconds by process: {cpu}")
+
+
 # --- goals and the record ---------------------------------------------------------------------------------
 
 

@@ -44,11 +44,10 @@ import numpy as np
 from bench.common import (
     Report,
     check,
-    cpu_used,
     interleaved,
     isolate_state,
     main,
-    ratio_spread,
+    record_sides,
     timed,
     work_dir,
 )
@@ -324,14 +323,7 @@ def run(report: Report, args) -> None:
     )
     timings = interleaved(sides, args.repeats)
     ours = timings["project"]
-    for side in sides:
-        report.figure(side, timings[side].to_dict(valid))
-    for side in ("tf_data", "predict_batch_udf"):
-        low, high = ratio_spread(timings[side], ours)
-        report.figure(f"ratio_range_vs_{side}", [round(low, 3), round(high, 3)])
-    cpu = {side: cpu_used(fn) for side, fn in sides.items()}
-    report.figure("cpu_seconds_by_process", cpu)
-    print(f"CPU seconds by process: {cpu}")
+    record_sides(report, timings, sides, valid)
     print(f"project (image_features on Spark, embedding in the feature task): {ours.describe(valid, 'images')}")
     print(f"baseline (a), one tf.data process: {timings['tf_data'].describe(valid, 'images')}")
     print(f"baseline (b), Spark + predict_batch_udf: {timings['predict_batch_udf'].describe(valid, 'images')}")

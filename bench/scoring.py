@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import Report, check, cpu_used, interleaved, isolate_state, main, ratio_spread, timed, work_dir
+from bench.common import Report, check, interleaved, isolate_state, main, record_sides, timed, work_dir
 from bench.data import synthetic_landing
 from bench.features import ingest, spark_session
 
@@ -222,14 +222,7 @@ def run(report: Report, args) -> None:
     )
 
     timings = interleaved(sides, args.repeats)
-    for side in sides:
-        report.figure(side, timings[side].to_dict(usable))
-    for side in ("spark_udf", "keras"):
-        low, high = ratio_spread(timings[side], timings["project"])
-        report.figure(f"ratio_range_vs_{side}", [round(low, 3), round(high, 3)])
-    cpu = {side: cpu_used(fn) for side, fn in sides.items()}
-    report.figure("cpu_seconds_by_process", cpu)
-    print(f"CPU seconds by process: {cpu}")
+    record_sides(report, timings, sides, usable)
     print(f"project (defect_predictions' Spark job): {timings['project'].describe(usable, 'images')}")
     print(f"baseline (a), Spark + mlflow.pyfunc.spark_udf: {timings['spark_udf'].describe(usable, 'images')}")
     print(f"baseline (b), one Keras process: {timings['keras'].describe(usable, 'images')}")
