@@ -31,10 +31,11 @@ demo: $(VENV)/.installed
 
 # Label Studio in a virtual environment of its own (Django and its pins do not fit beside ours): the review
 # queue's round-trip test starts it on 127.0.0.1 and drives it with label-studio-sdk (about 2 minutes, once).
+# Pinned like ours: its own requirements are open-ended, and a new sentry-sdk major stopped it from starting.
 LABEL_STUDIO := .dgx/label-studio
-$(LABEL_STUDIO)/.installed:
+$(LABEL_STUDIO)/.installed: label-studio-constraints.txt
 	test -x $(LABEL_STUDIO)/bin/python || $(PYTHON) -m venv $(LABEL_STUDIO)
-	$(LABEL_STUDIO)/bin/pip install --quiet label-studio==1.23.2 label-studio-sdk==2.1.2
+	$(LABEL_STUDIO)/bin/pip install --quiet -c label-studio-constraints.txt label-studio label-studio-sdk
 	touch $@
 
 label-studio: $(LABEL_STUDIO)/.installed
@@ -99,6 +100,7 @@ bench-model: $(VENV)/.installed
 # Regenerates the lock from the current environment after a deliberate upgrade.
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v '^dgx.assets' > constraints.txt
+	$(LABEL_STUDIO)/bin/pip freeze > label-studio-constraints.txt
 
 clean:
 	rm -rf .dgx

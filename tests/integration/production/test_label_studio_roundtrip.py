@@ -55,6 +55,8 @@ def label_studio(tmp_path):
         "LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN": "true",  # the token above, sent as `Authorization: Token ...`
         "LABEL_STUDIO_LATEST_VERSION_CHECK": "false",
         "LABEL_STUDIO_COLLECT_ANALYTICS": "false",
+        "SENTRY_DSN": "",  # its default reports errors to Label Studio's own Sentry project
+        "FRONTEND_SENTRY_DSN": "",
     }
     url, log_path = f"http://127.0.0.1:{port}", tmp_path / "label-studio.log"
     command = [str(LABEL_STUDIO), "start", "--no-browser", "--host", "127.0.0.1", "--port", str(port)]
