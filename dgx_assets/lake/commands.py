@@ -161,8 +161,8 @@ def _export(args: argparse.Namespace) -> int:
         )
     rows = lake.tables.scan(table, args.columns.split(",") if args.columns else None, snapshot_id=snapshot_id)
     if rows is None:
-        print(f"dgx.{table} does not exist or has no snapshot yet (`dgx-assets lake snapshots` lists the tables)")
-        return 2
+        message = f"dgx.{table} does not exist or has no snapshot yet (`dgx-assets lake snapshots` lists the tables)"
+        return _fail(args.action, message, NOT_FOUND)
     pq.write_table(rows, args.out)
     print(f"dgx.{table} at snapshot {snapshot_id}: {rows.num_rows} rows -> {args.out}")
     return 0

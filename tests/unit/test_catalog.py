@@ -68,7 +68,9 @@ def test_exporting_a_table_the_lake_does_not_have_says_so(tmp_path, capsys):
     commit_rows(lake_root, "raw_images", rows("b1", 1), "b1")
     out = tmp_path / "x.parquet"
     assert cli.main(["lake", "--lake", str(lake_root), "export", "raw_imagez", "--snapshot", "1", "--out", str(out)]) == 2
-    assert "dgx.raw_imagez does not exist or has no snapshot yet" in capsys.readouterr().out and not out.exists()
+    said = capsys.readouterr()
+    assert said.err.startswith("dgx-assets lake export: dgx.raw_imagez does not exist or has no snapshot yet")
+    assert said.out == "" and not out.exists()
 
 
 def test_a_later_version_may_add_a_column(tmp_path):
