@@ -345,7 +345,9 @@ def threshold_ablation(results: list[FoldResult], name: str) -> dict:
     shared = decision.choose_threshold(labels, probabilities, POSITIVE)
     return {
         f"{name}_pooled_validation_threshold": pooled(results, name, thresholds=[shared] * len(results)) | {"threshold": shared},
-        f"{name}_threshold_shrunk_to_half": pooled(results, name, thresholds=[(r.views[name][1] + 0.5) / 2 for r in results]),
+        f"{name}_threshold_shrunk_to_half": pooled(
+            results, name, thresholds=[decision.shrink_toward_half(r.views[name][1], 0.5) for r in results]
+        ),
     }
 
 

@@ -224,6 +224,13 @@ class TrainConfig(ModelConfig):
         default=True,
         description="Two classes: pick the decision threshold on P(defective) with the best validation accuracy (else 0.5)",
     )
+    threshold_shrinkage: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="With tune_threshold: how far the validation's threshold moves back toward 0.5 (0 keeps it, 0.5 "
+        "halfway, 1 is 0.5); a small validation split's choice is partly its noise",
+    )
     mixed_precision: Literal["auto", "off"] = Field(
         default="auto", description="auto: mixed_float16 on GPUs, float32 on CPU; off: float32"
     )

@@ -64,6 +64,14 @@ def choose_threshold(labels: np.ndarray, probabilities: np.ndarray, positive: in
     return float(tied[np.argmin(np.abs(tied - 0.5))])
 
 
+def shrink_toward_half(threshold: float, shrinkage: float) -> float:
+    """`threshold` moved `shrinkage` of the way back to 0.5 (0 keeps it, 1 is 0.5): a validation split of a few
+    hundred images picks thresholds that scatter between folds, and part of the scatter is its noise."""
+    if not 0.0 <= shrinkage <= 1.0:
+        raise ValueError(f"threshold shrinkage is a fraction from 0 to 1, got {shrinkage}")
+    return round(threshold + shrinkage * (0.5 - threshold), 6)
+
+
 # The square's 8 symmetries as (quarter turns counterclockwise, mirrored first), and the groups of them that
 # test-time augmentation may average (a group: no orientation weighs more than another). Four views are the
 # quarter turns: in ELPV's cross-validation they decided like all eight (BENCHMARKS.md section 10).

@@ -297,7 +297,8 @@ def choose_decision(model: Any, files: FeatureFiles, index: FeatureIndex, config
     if not config.tune_threshold or positive is None:
         return Decision(config.test_time_views, None, positive)
     labels, probabilities = split_predictions(model, make_dataset(files, index, "validation", batch))
-    return Decision(config.test_time_views, decision_rules.choose_threshold(labels, probabilities, positive), positive)
+    threshold = decision_rules.choose_threshold(labels, probabilities, positive)
+    return Decision(config.test_time_views, decision_rules.shrink_toward_half(threshold, config.threshold_shrinkage), positive)
 
 
 def evaluate(model: Any, test_data: Any, index: FeatureIndex, decision: Decision | None = None) -> TestEvaluation:

@@ -11,7 +11,7 @@ import pytest
 from dgx_assets.training.config import ModelConfigError, TrainConfig
 from dgx_assets.training.dataset import FeatureDataError, FeatureFiles, make_dataset, scan_features
 from dgx_assets.training.model import single_view
-from dgx_assets.training.train import classification_report, train_classifier
+from dgx_assets.training.train import choose_decision, classification_report, train_classifier
 
 
 def test_scan_counts_classes_and_splits_from_small_columns(feature_files):
@@ -163,6 +163,13 @@ def test_the_decision_rule_is_chosen_on_validation_and_travels_with_the_saved_mo
     result = train_classifier(feature_files, config, str(tmp_path / "ckpt"))
     assert result.decision.views == 8 and result.decision.positive_index == 0  # "defective"
     assert 0.0 < result.decision.threshold < 1.0
+    # Shrinkage moves the validation's choice toward 0.5 by the fraction set; all of it is 0.5 itself.
+    index = scan_features(feature_files)
+    for shrinkage in (0.5, 1.0):
+        shrunk = choose_decision(
+            result.model, feature_files, index, config.model_copy(update={"threshold_shrinkage": shrinkage}), 32
+        )
+        assert shrunk.threshold == pytest.approx(result.decision.threshold + shrinkage * (0.5 - result.decision.threshold))
 
     # The dihedral views live in the graph: the saved file is plain Keras and averages exactly what the
     # numpy views of the one-view classifier give.

@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from dgx_assets.training.decision import TEST_TIME_VIEWS, Decision, choose_threshold, decide, dihedral_views, positive_index
+from dgx_assets.training.decision import (
+    TEST_TIME_VIEWS,
+    Decision,
+    choose_threshold,
+    decide,
+    dihedral_views,
+    positive_index,
+    shrink_toward_half,
+)
 
 
 def test_the_positive_class_is_defective_or_the_second_of_two():
@@ -20,6 +28,15 @@ def test_the_threshold_is_the_most_accurate_on_validation_and_ties_go_to_one_hal
     assert choose_threshold(labels, probabilities, positive=1) == pytest.approx(0.56)
     # Already separable at 0.5: the evidence does not move it.
     assert choose_threshold(labels, np.stack([1 - scores + 0.0, np.clip(scores - 0.06, 0, 1)], axis=1), 1) == 0.5
+
+
+def test_a_shrunk_threshold_moves_that_fraction_of_the_way_back_to_one_half():
+    assert shrink_toward_half(0.3, 0.0) == 0.3
+    assert shrink_toward_half(0.3, 0.5) == pytest.approx(0.4)
+    assert shrink_toward_half(0.62, 0.5) == pytest.approx(0.56)
+    assert shrink_toward_half(0.27, 1.0) == 0.5
+    with pytest.raises(ValueError, match="fraction from 0 to 1, got 1.5"):
+        shrink_toward_half(0.3, 1.5)
 
 
 def test_decide_applies_the_threshold_only_with_two_classes():
