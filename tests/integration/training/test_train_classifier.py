@@ -159,7 +159,7 @@ def test_the_decision_rule_is_chosen_on_validation_and_travels_with_the_saved_mo
     from dgx_assets.training import decision
     from dgx_assets.training.model import single_view
 
-    config = small_train_config.model_copy(update={"test_time_views": 8, "tune_threshold": True})
+    config = small_train_config.model_copy(update={"test_time_views": 8, "tune_threshold": True, "threshold_shrinkage": 0.0})
     result = train_classifier(feature_files, config, str(tmp_path / "ckpt"))
     assert result.decision.views == 8 and result.decision.positive_index == 0  # "defective"
     assert 0.0 < result.decision.threshold < 1.0
