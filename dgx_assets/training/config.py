@@ -220,6 +220,13 @@ class TrainConfig(ModelConfig):
         description="An image_features column holding each image's probability of the positive class (graded "
         "annotations); the train and validation splits learn those instead of the 0/1 label",
     )
+    label_smoothing: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Train toward 1 - s/2 on the true class and s/2 on the other instead of 1 and 0 (two classes): a "
+        "regulariser for a small fine-tune; 0 is off",
+    )
     tune_threshold: bool = Field(
         default=True,
         description="Two classes: pick the decision threshold on P(defective) with the best validation accuracy (else 0.5)",
@@ -261,6 +268,12 @@ class TrainConfig(ModelConfig):
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} or empty, got {schedule!r}")
         return schedule
+
+    @property
+    def dense_targets(self) -> bool:
+        """Whether training learns class-probability rows instead of class indices: graded labels, or smoothed
+        ones (Keras smooths only dense targets)."""
+        return self.soft_targets is not None or self.label_smoothing > 0
 
     @property
     def warm_starts_head(self) -> bool:

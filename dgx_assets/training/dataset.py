@@ -156,15 +156,16 @@ def make_dataset(
     shuffle_buffer: int = 2048,
     shard: Shard | None = None,
     soft_targets: str | None = None,
+    one_hot: bool = False,
 ) -> Any:
     """Batches of (float32 pixels 0..255, int32 label index) for ``split`` (of one ``shard`` of it: then of
     unknown length). With ``soft_targets``, the name of a column holding each row's probability of the
-    positive class, the second element is float32 [rows, 2] class probabilities instead."""
+    positive class, the second element is float32 [rows, classes] class probabilities instead; with
+    ``one_hot``, those probabilities are the labels' 0 and 1."""
     import tensorflow as tf
 
-    class_names = pa.array(index.class_names, pa.string())
     columns = ["tensor", "label", *([soft_targets] if soft_targets else [])]
-    targets = _soft_targets(index, soft_targets) if soft_targets else lambda batch: _label_ids(batch.column("label"), class_names)
+    targets = _target_reader(index, soft_targets, one_hot)
     scan_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
     shape = index.tensor_shape
     epochs = iter(range(1 << 30))
@@ -187,7 +188,8 @@ def make_dataset(
 
     # Whole record batches cross into TensorFlow and unbatch() splits them there: a Python call and an
     # array per image cost three times the CPU of reading from memory, and that CPU is the model's.
-    target_spec = tf.TensorSpec((None, len(index.class_names)), tf.float32) if soft_targets else tf.TensorSpec((None,), tf.int32)
+    dense = soft_targets is not None or one_hot
+    target_spec = tf.TensorSpec((None, len(index.class_names)), tf.float32) if dense else tf.TensorSpec((None,), tf.int32)
     data = tf.data.Dataset.from_generator(
         record_batches, output_signature=(tf.TensorSpec((None, *shape), tf.uint8), target_spec)
     ).unbatch()
@@ -198,6 +200,17 @@ def make_dataset(
 
     step = model_input_step(shape, augment, seed)
     return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _target_reader(index: FeatureIndex, soft_targets: str | None, one_hot: bool):
+    """Each record batch's targets as make_dataset yields them: class indices, or [rows, classes] probabilities."""
+    class_names = pa.array(index.class_names, pa.string())
+    if soft_targets:
+        return _soft_targets(index, soft_targets)
+    if one_hot:
+        identity = np.eye(len(class_names), dtype=np.float32)
+        return lambda batch: identity[_label_ids(batch.column("label"), class_names)]
+    return lambda batch: _label_ids(batch.column("label"), class_names)
 
 
 def _soft_targets(index: FeatureIndex, column: str):

@@ -150,8 +150,12 @@ def training_datasets(files, index, config: TrainConfig, global_batch: int, shar
         shuffle_buffer=config.shuffle_buffer,
         shard=shard,
         soft_targets=config.soft_targets,
+        one_hot=config.dense_targets,
     )
-    return train_data, make_dataset(files, index, "validation", global_batch, soft_targets=config.soft_targets)
+    validation_data = make_dataset(
+        files, index, "validation", global_batch, soft_targets=config.soft_targets, one_hot=config.dense_targets
+    )
+    return train_data, validation_data
 
 
 def _fit(model, files, index, config: TrainConfig, global_batch: int, checkpoint_dir: str, on_epoch_end, extra_callbacks):
@@ -198,12 +202,14 @@ def compiled_classifier(config: TrainConfig, index: FeatureIndex, strategy: Any,
     try:
         with strategy.scope():
             model = build_classifier(config.model, index.tensor_shape, len(index.class_names))
-            soft = config.soft_targets is not None  # class probabilities instead of class indices
+            dense = config.dense_targets  # class probabilities instead of class indices
             model.compile(
                 optimizer=keras.optimizers.Adam(config.learning_rate),
-                loss=keras.losses.CategoricalCrossentropy() if soft else keras.losses.SparseCategoricalCrossentropy(),
+                loss=keras.losses.CategoricalCrossentropy(label_smoothing=config.label_smoothing)
+                if dense
+                else keras.losses.SparseCategoricalCrossentropy(),
                 metrics=[
-                    (keras.metrics.CategoricalAccuracy if soft else keras.metrics.SparseCategoricalAccuracy)(name="accuracy")
+                    (keras.metrics.CategoricalAccuracy if dense else keras.metrics.SparseCategoricalAccuracy)(name="accuracy")
                 ],
             )
     finally:

@@ -154,6 +154,16 @@ def test_pixel_block_views_a_sliced_binary_column(binary_type):
         _pixel_block(column, (32, 32, 2))
 
 
+def test_one_hot_targets_are_the_labels_as_class_probabilities(feature_files):
+    index = scan_features(feature_files)
+
+    _, labels = _stream(make_dataset(feature_files, index, "train", 16))
+    _, one_hot = _stream(make_dataset(feature_files, index, "train", 16, one_hot=True))
+
+    assert one_hot.dtype == np.float32 and one_hot.shape == (len(labels), 2)
+    np.testing.assert_array_equal(one_hot, np.eye(2, dtype=np.float32)[labels])
+
+
 def test_soft_targets_stream_the_graded_column_as_class_probabilities(feature_files, tmp_path):
     index = scan_features(feature_files)  # classes (defective, functional): defective is the positive class
     table = feature_files.dataset().to_table()

@@ -11,7 +11,12 @@ import pytest
 from dgx_assets.training.config import ModelConfigError, TrainConfig
 from dgx_assets.training.dataset import FeatureDataError, FeatureFiles, make_dataset, scan_features
 from dgx_assets.training.model import single_view
-from dgx_assets.training.train import choose_decision, classification_report, train_classifier
+from dgx_assets.training.train import (
+    choose_decision,
+    classification_report,
+    train_classifier,
+    training_datasets,
+)
 
 
 def test_scan_counts_classes_and_splits_from_small_columns(feature_files):
@@ -103,6 +108,30 @@ def test_bad_training_settings_name_the_setting(tmp_path):
         TrainConfig(learning_rate=0)
     with pytest.raises(ValidationError, match="schedule\n.*cosine, plateau"):
         TrainConfig(schedule="linear")
+    with pytest.raises(ValidationError, match="label_smoothing\n.*less than 1"):
+        TrainConfig(label_smoothing=1.0)
+
+
+def test_label_smoothing_trains_on_smoothed_one_hot_targets(feature_files, small_train_config, tmp_path):
+    index = scan_features(feature_files)
+    smoothing = 0.2
+    config = small_train_config.model_copy(update={"label_smoothing": smoothing}).resolved()
+    _, validation_data = training_datasets(feature_files, index, config, 16)
+    images, targets = (np.concatenate(parts) for parts in zip(*((x.numpy(), y.numpy()) for x, y in validation_data)))
+    assert targets.shape == (index.rows("validation"), 2) and set(np.unique(targets)) == {0.0, 1.0}
+    assert np.bincount(targets.argmax(axis=1), minlength=2).tolist() == index.label_counts("validation")
+
+    result = train_classifier(feature_files, config, str(tmp_path / "ckpt"))
+    assert result.test.metrics["accuracy"] > result.test.metrics["majority_baseline_accuracy"]
+
+    # The loss it trained on is cross-entropy against 1 - s/2 on the true class and s/2 on the other.
+    model = single_view(result.model)
+    probabilities = np.clip(model.predict(images, verbose=0), 1e-7, 1.0)
+    smoothed = targets * (1 - smoothing) + smoothing / 2
+    expected = float(np.mean(-(smoothed * np.log(probabilities)).sum(axis=1)))
+    plain = float(np.mean(-(targets * np.log(probabilities)).sum(axis=1)))
+    loss = model.evaluate(validation_data, verbose=0, return_dict=True)["loss"]
+    assert loss == pytest.approx(expected, rel=1e-4) and abs(expected - plain) > 1e-2
 
 
 def test_weights_file_initialises_the_backbone(feature_files, tmp_path):
