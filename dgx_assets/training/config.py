@@ -206,6 +206,11 @@ class TrainConfig(ModelConfig):
         default=None,
         description="Weight classes by inverse frequency (balanced recall) instead of plain accuracy; empty: the recipe's",
     )
+    balanced_sampling: bool = Field(
+        default=False,
+        description="Draw the training split's classes equally often (rejection resampling: the rarer class's images "
+        "repeat, the commoner's are skipped) instead of at their frequencies; replaces class_weighting",
+    )
     seed: int = Field(default=42, description="Seeds Python, NumPy and TensorFlow (shuffling, augmentation, initial weights)")
     augment: bool = Field(default=True, description="Random flips and quarter turns of training images")
     # Cross-validation on all 2,624 ELPV images: BENCHMARKS.md section 10 gives each view count's accuracy.
@@ -269,6 +274,15 @@ class TrainConfig(ModelConfig):
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} or empty, got {schedule!r}")
         return schedule
 
+    @model_validator(mode="after")
+    def _one_class_balance(self) -> TrainConfig:
+        if self.balanced_sampling and self.class_weighting:
+            raise ValueError(
+                "balanced_sampling and class_weighting both correct the class frequencies: set one of them "
+                "(class_weighting empty or false with balanced_sampling)"
+            )
+        return self
+
     @property
     def dense_targets(self) -> bool:
         """Whether training learns class-probability rows instead of class indices: graded labels, or smoothed
@@ -288,9 +302,10 @@ class TrainConfig(ModelConfig):
     def resolved(self) -> TrainConfig:
         """This config with every recipe field filled in from the backbone's recipe."""
         recipe = RECIPES.get(self.backbone, _APPLICATION_RECIPE)
-        return self.model_copy(
-            update={name: getattr(recipe, name) for name in Recipe.model_fields if getattr(self, name) is None}
-        )
+        update = {name: getattr(recipe, name) for name in Recipe.model_fields if getattr(self, name) is None}
+        if self.balanced_sampling:
+            update["class_weighting"] = False  # the sampling balances the classes already
+        return self.model_copy(update=update)
 
     def fingerprint(self, data_digest: str) -> str:
         """Identifies one training job: a checkpoint is only resumed by the same config on the same data."""

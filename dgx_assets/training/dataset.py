@@ -157,11 +157,13 @@ def make_dataset(
     shard: Shard | None = None,
     soft_targets: str | None = None,
     one_hot: bool = False,
+    balance_classes: bool = False,
 ) -> Any:
     """Batches of (float32 pixels 0..255, int32 label index) for ``split`` (of one ``shard`` of it: then of
     unknown length). With ``soft_targets``, the name of a column holding each row's probability of the
     positive class, the second element is float32 [rows, classes] class probabilities instead; with
-    ``one_hot``, those probabilities are the labels' 0 and 1."""
+    ``one_hot``, those probabilities are the labels' 0 and 1. With ``balance_classes`` every class comes
+    equally often, its images repeated or skipped, and the stream has no fixed length."""
     import tensorflow as tf
 
     columns = ["tensor", "label", *([soft_targets] if soft_targets else [])]
@@ -197,9 +199,24 @@ def make_dataset(
         data = data.apply(tf.data.experimental.assert_cardinality(index.rows(split)))
     if shuffle:
         data = data.shuffle(min(shuffle_buffer, index.rows(split)), seed=seed, reshuffle_each_iteration=True)
+    if balance_classes:
+        data = _balanced(data, index, split, dense, seed)
 
     step = model_input_step(shape, augment, seed)
     return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _balanced(data: Any, index: FeatureIndex, split: str, dense: bool, seed: int) -> Any:
+    """``data`` resampled to equal class frequencies, from the split's known counts (no warm-up estimate)."""
+    import tensorflow as tf
+
+    counts = np.asarray(index.label_counts(split), np.float64)
+    classes = len(counts)
+    class_of = (lambda image, target: tf.argmax(target, output_type=tf.int32)) if dense else (lambda image, target: target)
+    resampled = data.rejection_resample(
+        class_of, target_dist=np.full(classes, 1 / classes), initial_dist=counts / counts.sum(), seed=seed
+    )
+    return resampled.map(lambda class_id, element: element)
 
 
 def _target_reader(index: FeatureIndex, soft_targets: str | None, one_hot: bool):

@@ -151,6 +151,7 @@ def training_datasets(files, index, config: TrainConfig, global_batch: int, shar
         shard=shard,
         soft_targets=config.soft_targets,
         one_hot=config.dense_targets,
+        balance_classes=config.balanced_sampling,
     )
     validation_data = make_dataset(
         files, index, "validation", global_batch, soft_targets=config.soft_targets, one_hot=config.dense_targets
@@ -273,7 +274,8 @@ def warm_start_head(model: Any, files: FeatureFiles, index: FeatureIndex, config
             f"stored embeddings are not this backbone's ({config.backbone}; relative difference {mismatch:.3f}): "
             f"materialize image_features with embedding {own} to warm-start the head",
         )
-    balanced = "balanced" if config.class_weighting else None
+    # The head starts from the class balance the fine-tune will see.
+    balanced = "balanced" if config.class_weighting or config.balanced_sampling else None
     head = LogisticRegression(C=0.05, max_iter=2000, class_weight=balanced, random_state=config.seed).fit(vectors, labels)
     weights, bias = head.coef_.T, head.intercept_
     if weights.shape[1] == 1:  # binary: sklearn keeps one logit; softmax over [-z/2, z/2] is the same model

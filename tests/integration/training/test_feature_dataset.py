@@ -164,6 +164,22 @@ def test_one_hot_targets_are_the_labels_as_class_probabilities(feature_files):
     np.testing.assert_array_equal(one_hot, np.eye(2, dtype=np.float32)[labels])
 
 
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_balanced_sampling_draws_the_classes_equally_often(feature_files, one_hot):
+    index = scan_features(feature_files)
+    defective, functional = index.label_counts("train")
+    assert defective / (defective + functional) < 0.42  # the fixture's classes are unbalanced: about 2 in 5 defective
+
+    def draw(seed: int) -> np.ndarray:
+        data = make_dataset(feature_files, index, "train", 50, shuffle=True, seed=seed, one_hot=one_hot, balance_classes=True)
+        _, targets = _stream(data.repeat().take(40))  # about 2,000 draws (each pass ends on a part batch) of 198 images
+        return targets.argmax(axis=1) if one_hot else targets
+
+    drawn = draw(seed=7)
+    assert len(drawn) > 1500 and abs(np.mean(drawn == 0) - 0.5) < 0.05
+    np.testing.assert_array_equal(drawn, draw(seed=7))  # the same seed draws the same stream
+
+
 def test_soft_targets_stream_the_graded_column_as_class_probabilities(feature_files, tmp_path):
     index = scan_features(feature_files)  # classes (defective, functional): defective is the positive class
     table = feature_files.dataset().to_table()

@@ -110,6 +110,19 @@ def test_bad_training_settings_name_the_setting(tmp_path):
         TrainConfig(schedule="linear")
     with pytest.raises(ValidationError, match="label_smoothing\n.*less than 1"):
         TrainConfig(label_smoothing=1.0)
+    with pytest.raises(ValidationError, match="balanced_sampling and class_weighting both"):
+        TrainConfig(balanced_sampling=True, class_weighting=True)
+    # A recipe that weights classes (the scratch CNN's) gives way to the sampling.
+    assert TrainConfig(backbone="scratch").resolved().class_weighting
+    assert not TrainConfig(backbone="scratch", balanced_sampling=True).resolved().class_weighting
+
+
+def test_balanced_sampling_trains_on_an_equal_class_stream(feature_files, small_train_config, tmp_path):
+    config = small_train_config.model_copy(update={"balanced_sampling": True})
+    result = train_classifier(feature_files, config, str(tmp_path / "ckpt"))
+
+    assert set(result.class_weights.values()) == {1.0} and result.epochs == [0, 1, 2, 3]  # no weights on top
+    assert result.test.metrics["accuracy"] > result.test.metrics["majority_baseline_accuracy"]
 
 
 def test_label_smoothing_trains_on_smoothed_one_hot_targets(feature_files, small_train_config, tmp_path):
