@@ -18,7 +18,7 @@ from dgx_assets.k8s import gpu_step_tags
 from dgx_assets.training.config import TrainConfig, human_epoch
 from dgx_assets.tuning.best_config import SEARCH_ASSET
 
-TRAINED_MODEL_CODE_VERSION = "6"  # up when the same inputs would train another model: docs/decisions/0004
+TRAINED_MODEL_CODE_VERSION = "7"  # up when the same inputs would train another model: docs/decisions/0004
 
 
 class TrainedModelConfig(dg.Config, TrainConfig, ModelGateSettings):
