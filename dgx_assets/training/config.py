@@ -160,9 +160,9 @@ class Recipe(BaseModel):
 
 
 # Fine-tuning a pretrained network wants a few epochs at a low, decaying rate; a network from scratch, many at
-# a high one halved on plateaus. Why 6 epochs for Lite0: docs/decisions/0003-lite0-recipe.md. Lite2 takes
+# a high one halved on plateaus. Why 5 epochs for Lite0: docs/decisions/0003-lite0-recipe.md. Lite2 takes
 # Lite0's: the same family, blocks and pretraining, only wider and deeper; no measurement says otherwise yet.
-_LITE_RECIPE = Recipe(epochs=6, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False)
+_LITE_RECIPE = Recipe(epochs=5, learning_rate=3e-4, patience=3, warmup_epochs=2, schedule="cosine", class_weighting=False)
 RECIPES = {
     EFFICIENTNET_LITE0: _LITE_RECIPE,
     EFFICIENTNET_LITE2: _LITE_RECIPE,

@@ -49,7 +49,7 @@ def test_lite2s_block_count_is_refused_for_lite0():
 def test_lite2_trains_with_lite0s_recipe():
     assert RECIPES[EFFICIENTNET_LITE2] == RECIPES[EFFICIENTNET_LITE0]
     resolved = TrainConfig(backbone=EFFICIENTNET_LITE2).resolved()
-    assert (resolved.epochs, resolved.schedule, resolved.learning_rate) == (6, "cosine", 3e-4)
+    assert (resolved.epochs, resolved.schedule, resolved.learning_rate) == (5, "cosine", 3e-4)
 
 
 @pytest.mark.parametrize("backbone, warm", [(EFFICIENTNET_LITE0, True), (EFFICIENTNET_LITE2, True), ("scratch", False)])
