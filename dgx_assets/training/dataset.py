@@ -163,11 +163,13 @@ def make_dataset(
     unknown length). With ``soft_targets``, the name of a column holding each row's probability of the
     positive class, the second element is float32 [rows, classes] class probabilities instead; with
     ``one_hot``, those probabilities are the labels' 0 and 1. With ``balance_classes`` every class comes
-    equally often, its images repeated or skipped, and the stream has no fixed length."""
+    equally often by its label (also under graded targets), its images repeated or skipped, and the stream has
+    no fixed length."""
     import tensorflow as tf
 
     columns = ["tensor", "label", *([soft_targets] if soft_targets else [])]
     targets = _target_reader(index, soft_targets, one_hot)
+    class_names = pa.array(index.class_names, pa.string())
     scan_filter = (pads.field("split") == split) & (pads.field("feature_status") == "ok")
     shape = index.tensor_shape
     epochs = iter(range(1 << 30))
@@ -186,37 +188,40 @@ def make_dataset(
             )
         for batch in batches:
             if batch.num_rows:
-                yield _pixel_block(batch.column("tensor"), shape), targets(batch)
+                element = (_pixel_block(batch.column("tensor"), shape), targets(batch))
+                # The resampler classes rows by their label: a graded target's argmax need not be it.
+                yield (*element, _label_ids(batch.column("label"), class_names)) if balance_classes else element
 
     # Whole record batches cross into TensorFlow and unbatch() splits them there: a Python call and an
     # array per image cost three times the CPU of reading from memory, and that CPU is the model's.
     dense = soft_targets is not None or one_hot
-    target_spec = tf.TensorSpec((None, len(index.class_names)), tf.float32) if dense else tf.TensorSpec((None,), tf.int32)
-    data = tf.data.Dataset.from_generator(
-        record_batches, output_signature=(tf.TensorSpec((None, *shape), tf.uint8), target_spec)
-    ).unbatch()
+    label_spec = tf.TensorSpec((None,), tf.int32)
+    target_spec = tf.TensorSpec((None, len(index.class_names)), tf.float32) if dense else label_spec
+    signature = (tf.TensorSpec((None, *shape), tf.uint8), target_spec, *([label_spec] if balance_classes else []))
+    data = tf.data.Dataset.from_generator(record_batches, output_signature=signature).unbatch()
     if shard is None:
         data = data.apply(tf.data.experimental.assert_cardinality(index.rows(split)))
     if shuffle:
         data = data.shuffle(min(shuffle_buffer, index.rows(split)), seed=seed, reshuffle_each_iteration=True)
     if balance_classes:
-        data = _balanced(data, index, split, dense, seed)
+        data = _balanced(data, index, split, seed)
 
     step = model_input_step(shape, augment, seed)
     return data.map(step, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def _balanced(data: Any, index: FeatureIndex, split: str, dense: bool, seed: int) -> Any:
-    """``data`` resampled to equal class frequencies, from the split's known counts (no warm-up estimate)."""
-    import tensorflow as tf
-
+def _balanced(data: Any, index: FeatureIndex, split: str, seed: int) -> Any:
+    """``data`` of (image, target, class index) resampled to equal class frequencies, from the split's known
+    counts (no warm-up estimate); (image, target) out."""
     counts = np.asarray(index.label_counts(split), np.float64)
     classes = len(counts)
-    class_of = (lambda image, target: tf.argmax(target, output_type=tf.int32)) if dense else (lambda image, target: target)
     resampled = data.rejection_resample(
-        class_of, target_dist=np.full(classes, 1 / classes), initial_dist=counts / counts.sum(), seed=seed
+        lambda image, target, label: label,
+        target_dist=np.full(classes, 1 / classes),
+        initial_dist=counts / counts.sum(),
+        seed=seed,
     )
-    return resampled.map(lambda class_id, element: element)
+    return resampled.map(lambda label, element: element[:2])
 
 
 def _target_reader(index: FeatureIndex, soft_targets: str | None, one_hot: bool):

@@ -180,6 +180,25 @@ def test_balanced_sampling_draws_the_classes_equally_often(feature_files, one_ho
     np.testing.assert_array_equal(drawn, draw(seed=7))  # the same seed draws the same stream
 
 
+def test_balanced_sampling_balances_labels_not_graded_targets(feature_files, tmp_path):
+    index = scan_features(feature_files)
+    table = feature_files.dataset().to_table()
+    # Grades unrelated to the labels: most targets' argmax is not the row's label.
+    grades = np.resize(np.array([0.0, 0.5, 0.5, 1.0], np.float32), table.num_rows)
+    path = tmp_path / "graded.parquet"
+    pq.write_table(table.append_column("grade", pa.array(grades)), path)
+    graded = FeatureFiles(pafs.LocalFileSystem(), (str(path),))
+    images, labels = _parquet_rows(graded, index, "train")
+    label_of = {image.tobytes(): label for image, label in zip(images, labels)}
+
+    data = make_dataset(graded, index, "train", 50, shuffle=True, seed=3, soft_targets="grade", balance_classes=True)
+    drawn, targets = _stream(data.repeat().take(40))
+
+    assert targets.shape[1] == 2 and set(np.unique(targets[:, 0])) <= {0.0, 0.5, 1.0}  # the grades, not the labels
+    drawn_labels = np.array([label_of[image.astype(np.uint8).tobytes()] for image in drawn])  # float32 pixels out
+    assert len(drawn_labels) > 1500 and abs(np.mean(drawn_labels == 0) - 0.5) < 0.05
+
+
 def test_soft_targets_stream_the_graded_column_as_class_probabilities(feature_files, tmp_path):
     index = scan_features(feature_files)  # classes (defective, functional): defective is the positive class
     table = feature_files.dataset().to_table()
